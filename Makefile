@@ -1,0 +1,42 @@
+# Two commands do everything on a fresh machine: `make serve` and `make test`.
+# Both create and use the virtual environment at .venv in the checkout.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Versions tested on CPU machines; set CONSTRAINTS= to keep your own CUDA build of torch.
+CONSTRAINTS ?= constraints/cpu.txt
+MODELS ?= models
+PYTEST_ARGS ?=
+
+.PHONY: setup models serve rollout test clean
+
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+$(MODELS)/.built: | $(VENV)/.installed
+	$(PY) -m clients.cli make-models $(MODELS)
+	touch $@
+
+models: $(MODELS)/.built
+
+# The server arrives with the serving issue; until then `serve` runs the offline rollout.
+serve: rollout
+
+rollout: setup models
+	$(PY) -m clients.cli rollout --model $(MODELS)/world-model \
+		--prompt "a lighthouse on a cliff at dawn" \
+		--action-script examples/actions.json --output-dir out/rollout
+
+# pytest exits 5 when it collects nothing: that is a failure, not a pass.
+test: setup
+	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+clean:
+	rm -rf $(MODELS) out

@@ -1,0 +1,124 @@
+"""`rtv`: the project's command line.
+
+Keep this module (and each command's `add_arguments`) free of heavy imports
+(torch, diffusers, transformers, numpy): `rtv --help` must answer at once.
+Each command's `run` imports what it needs.
+
+Adding a command: write `add_arguments(parser)` and `run(args) -> int`, and
+append a `Command` to COMMANDS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr (exit 2), like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    description: str | None = None
+    epilog: str | None = None
+
+
+# -- make-models -------------------------------------------------------------------
+
+
+def _make_models_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", metavar="DIR", help="folder to write world-model/, world-model-i2v/ and omni/ into (created if missing)")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+
+
+def _make_models_run(args: argparse.Namespace) -> int:
+    from clients.rollout import quiet_libraries
+
+    quiet_libraries()
+    from deployments.models.tiny_world_model import make_models
+
+    for name, path in make_models(args.dir, seed=args.seed).items():
+        print(f"{name}: {path}")
+    return 0
+
+
+# -- rollout -----------------------------------------------------------------------
+
+
+def _rollout_arguments(parser: argparse.ArgumentParser) -> None:
+    from clients.rollout import add_arguments  # argparse only; the module imports nothing heavy at top level
+
+    add_arguments(parser)
+
+
+def _rollout_run(args: argparse.Namespace) -> int:
+    from clients.rollout import main as rollout_main
+
+    return rollout_main(args)
+
+
+ROLLOUT_EPILOG = """\
+action script example (a model with 3 latent frames per block; 2 blocks):
+  [
+    [["w"], ["w", "l"], []],
+    [[], [], ["a", "i"]]
+  ]
+Block k is sent as interaction "actions-kkk" just before block k is generated.
+
+writes OUT/chunk_NNN.npy (uint8 [T,H,W,3]), OUT/chunk_NNN.json (block metadata
++ latency_seconds) and OUT/summary.json. Bad input: one line on stderr, exit 2.
+"""
+
+
+COMMANDS: list[Command] = [
+    Command(
+        name="make-models",
+        help="write the tiny built-in checkpoints (world-model, world-model-i2v, omni)",
+        add_arguments=_make_models_arguments,
+        run=_make_models_run,
+        description="Write the tiny random-weight checkpoints used by tests and laptop demos.",
+    ),
+    Command(
+        name="rollout",
+        help="generate a few blocks with a world model in-process and save them",
+        add_arguments=_rollout_arguments,
+        run=_rollout_run,
+        description="Drive one world-model session block by block in this process (no server) and save every block.",
+        epilog=ROLLOUT_EPILOG,
+    ),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rtv", description="Realtime video on Ray Serve: tools.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+    for command in COMMANDS:
+        p = sub.add_parser(
+            command.name,
+            help=command.help,
+            description=command.description or command.help,
+            epilog=command.epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        command.add_arguments(p)
+        p.set_defaults(_run=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

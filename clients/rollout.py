@@ -1,0 +1,398 @@
+"""`rtv rollout`: drive one world-model session block by block, in-process, and save what it makes.
+
+Inputs are checked before the model is loaded wherever the checkpoint's
+configs allow it (geometry, image conditioning and the camera adapter are read
+off the folder cheaply). Any bad input ends the command with one line on
+stderr and a non-zero exit code, never a traceback.
+
+Output folder:
+    chunk_NNN.npy   uint8 [T, H, W, 3] frames of block NNN (np.save)
+    chunk_NNN.json  the block's metadata + latency_seconds
+    summary.json    the whole rollout (see `run_rollout`)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+DEFAULT_HEIGHT = 64
+DEFAULT_WIDTH = 64
+DEFAULT_NUM_BLOCKS = 4
+DEFAULT_SEED = 0
+
+Actions = tuple[tuple[str, ...], ...]
+
+
+class RolloutInputError(ValueError):
+    """A bad input; its message is the one line the user sees."""
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+# -- input validation (no model load) -------------------------------------------
+
+
+def load_action_script(path: str | os.PathLike, frames_per_block: int) -> list[Actions]:
+    """Read an action script: a JSON list with one entry per block, each a list of
+    exactly `frames_per_block` per-latent-frame lists of key strings (w a s d i j k l).
+
+    Returns one tuple of per-latent-frame key tuples per block; raises RolloutInputError.
+    """
+    from deployments.generation.camera import KEYS
+
+    p = Path(path)
+    if not p.is_file():
+        raise RolloutInputError(f"action script {p} does not exist")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise RolloutInputError(f"action script {p} is not UTF-8 text: {_one_line(exc)}") from None
+    except json.JSONDecodeError as exc:
+        raise RolloutInputError(f"action script {p} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    return parse_action_script(data, frames_per_block, source=str(p), keys=KEYS)
+
+
+def parse_action_script(data: object, frames_per_block: int, source: str = "action script", keys=None) -> list[Actions]:
+    """Validate already-decoded action-script JSON; see `load_action_script`."""
+    if keys is None:
+        from deployments.generation.camera import KEYS as keys
+    where = f"action script {source}" if source != "action script" else source
+    shape_hint = f"expected a JSON list with one entry per block, each a list of {frames_per_block} per-latent-frame lists of keys"
+    if not isinstance(data, list):
+        raise RolloutInputError(f"{where}: top level is a JSON {_json_type(data)}; {shape_hint}")
+    if not data:
+        raise RolloutInputError(f"{where} has no blocks; {shape_hint}")
+    blocks: list[Actions] = []
+    for b, block in enumerate(data):
+        if not isinstance(block, list):
+            raise RolloutInputError(f"{where}: block {b} is a JSON {_json_type(block)}, expected a list of {frames_per_block} per-latent-frame key lists")
+        if len(block) != frames_per_block:
+            raise RolloutInputError(
+                f"{where}: block {b} has {len(block)} latent frames, expected {frames_per_block} (the model's num_frames_per_block)"
+            )
+        frames = []
+        for f, frame in enumerate(block):
+            if not isinstance(frame, list):
+                raise RolloutInputError(f"{where}: block {b} frame {f} is a JSON {_json_type(frame)}, expected a list of key strings")
+            for key in frame:
+                if not isinstance(key, str):
+                    raise RolloutInputError(f"{where}: block {b} frame {f} has non-string key {json.dumps(key)}; keys are strings among {' '.join(sorted(keys))}")
+                if key not in keys:
+                    raise RolloutInputError(f"{where}: block {b} frame {f} has unknown key {key!r}; keys are {' '.join(sorted(keys))}")
+            frames.append(tuple(frame))
+        blocks.append(tuple(frames))
+    return blocks
+
+
+def _json_type(value: object) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def load_image(path: str | os.PathLike):
+    """An image file as uint8 (H, W, 3) RGB; raises RolloutInputError."""
+    import numpy as np
+    from PIL import Image, UnidentifiedImageError
+
+    p = Path(path)
+    if not p.is_file():
+        raise RolloutInputError(f"image file {p} does not exist")
+    try:
+        with Image.open(p) as img:
+            return np.asarray(img.convert("RGB"), dtype=np.uint8).copy()
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise RolloutInputError(f"cannot read image {p}: {_one_line(exc)}") from None
+
+
+@dataclass
+class RolloutPlan:
+    """Everything a rollout needs, checked."""
+
+    model: Path
+    prompt: str
+    output_dir: Path
+    height: int
+    width: int
+    seed: int | None
+    num_blocks: int
+    geometry: object  # deployments.generation.geometry.ARGeometry
+    image: object | None = None  # uint8 (H, W, 3) ndarray
+    image_path: Path | None = None
+    actions: list[Actions] | None = None
+    action_script: Path | None = None
+
+
+def prepare_rollout(
+    model: str | os.PathLike,
+    prompt: str,
+    output_dir: str | os.PathLike,
+    *,
+    image: str | os.PathLike | None = None,
+    action_script: str | os.PathLike | None = None,
+    num_blocks: int | None = None,
+    height: int = DEFAULT_HEIGHT,
+    width: int = DEFAULT_WIDTH,
+    seed: int | None = DEFAULT_SEED,
+) -> RolloutPlan:
+    """Check every input that can be checked without loading the model; raises RolloutInputError."""
+    from deployments.generation.geometry import CheckpointError, read_geometry, read_traits
+
+    model_dir = Path(model)
+    if not model_dir.exists():
+        raise RolloutInputError(f"model folder {model_dir} does not exist")
+    if not model_dir.is_dir():
+        raise RolloutInputError(f"model path {model_dir} is not a folder")
+    try:
+        geometry = read_geometry(model_dir)
+    except CheckpointError as exc:
+        raise RolloutInputError(_one_line(exc)) from None
+
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise RolloutInputError("prompt must be a non-blank string")
+    try:
+        geometry.check_size(height, width)
+    except ValueError as exc:
+        raise RolloutInputError(_one_line(exc)) from None
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise RolloutInputError(f"seed must be a non-negative integer, got {seed!r}")
+
+    out = Path(output_dir)
+    if out.exists() and not out.is_dir():
+        raise RolloutInputError(f"output path {out} exists and is not a folder")
+
+    try:
+        traits = read_traits(model_dir)
+    except CheckpointError as exc:
+        raise RolloutInputError(_one_line(exc)) from None
+    image_conditioned, has_camera = traits.image_conditioned, traits.camera_adapter
+    image_array = None
+    if image is not None:
+        if image_conditioned is False:
+            raise RolloutInputError(f"model {model_dir} is text-to-video: it takes no --image")
+        image_array = load_image(image)
+    elif image_conditioned:
+        raise RolloutInputError(f"model {model_dir} is image-to-video: pass a start image with --image")
+
+    actions = None
+    if action_script is not None:
+        actions = load_action_script(action_script, geometry.num_frames_per_block)
+        if not has_camera:
+            raise RolloutInputError(f"model {model_dir} has no camera adapter: it takes no keyboard actions (drop --action-script)")
+
+    if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1):
+        raise RolloutInputError(f"--num-blocks must be a positive integer, got {num_blocks!r}")
+    if actions is not None:
+        if num_blocks is not None and num_blocks != len(actions):
+            raise RolloutInputError(
+                f"--num-blocks {num_blocks} disagrees with the action script, which has {len(actions)} blocks (give one or make them match)"
+            )
+        blocks = len(actions)
+    else:
+        blocks = num_blocks if num_blocks is not None else DEFAULT_NUM_BLOCKS
+
+    return RolloutPlan(
+        model=model_dir,
+        prompt=prompt,
+        output_dir=out,
+        height=height,
+        width=width,
+        seed=seed,
+        num_blocks=blocks,
+        geometry=geometry,
+        image=image_array,
+        image_path=Path(image) if image is not None else None,
+        actions=actions,
+        action_script=Path(action_script) if action_script is not None else None,
+    )
+
+
+# -- running -----------------------------------------------------------------------
+
+
+def quiet_libraries() -> None:
+    """Silence diffusers / transformers / hub warnings and progress bars (cheap; call before loading)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+    try:
+        from diffusers.utils import logging as dlog
+
+        dlog.set_verbosity_error()
+        dlog.disable_progress_bar()
+    except Exception:  # pragma: no cover - a missing/changed library only costs some noise
+        pass
+    try:
+        from transformers.utils import logging as tlog
+
+        tlog.set_verbosity_error()
+        tlog.disable_progress_bar()
+    except Exception:  # pragma: no cover
+        pass
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    except Exception:  # pragma: no cover
+        pass
+
+
+def run_rollout(plan: RolloutPlan, log: Callable[[str], None] | None = None, engine=None) -> dict:
+    """Load the model (unless `engine` is given), run `plan.num_blocks` blocks, write the outputs; returns the summary.
+
+    Block k of the action script is submitted as Interaction(event_id="actions-kkk")
+    just before block k is generated, so it applies at that block.
+    Raises RolloutInputError for inputs only the loaded engine can refuse.
+    """
+    import numpy as np
+
+    from deployments.generation.geometry import CheckpointError
+    from deployments.generation.interactions import Interaction, InteractionRefused
+    from deployments.generation.session import SessionConfig
+
+    log = log or (lambda line: None)
+    geometry = plan.geometry
+    t_start = time.perf_counter()
+
+    if engine is None:
+        quiet_libraries()
+        from deployments.generation.engine import WorldModelEngine
+
+        try:
+            engine = WorldModelEngine.from_pretrained(plan.model)
+        except (CheckpointError, ValueError, OSError) as exc:
+            raise RolloutInputError(f"cannot load model {plan.model}: {_one_line(exc)}") from None
+    geometry = engine.geometry
+    if plan.actions is not None and not engine.accepts_camera:
+        raise RolloutInputError(f"model {plan.model} has no camera adapter: it takes no keyboard actions (drop --action-script)")
+    config = SessionConfig(prompt=plan.prompt, height=plan.height, width=plan.width, seed=plan.seed, image=plan.image)
+    try:
+        session = engine.open_session(config)
+    except ValueError as exc:
+        raise RolloutInputError(_one_line(exc)) from None
+    t_ready = time.perf_counter()
+    load_seconds = t_ready - t_start
+
+    plan.output_dir.mkdir(parents=True, exist_ok=True)
+    chunks: list[dict] = []
+    time_to_first_frame = None
+    try:
+        for k in range(plan.num_blocks):
+            t0 = time.perf_counter()
+            if plan.actions is not None:
+                try:
+                    session.submit(Interaction(event_id=f"actions-{k:03d}", actions=plan.actions[k]))
+                except InteractionRefused as exc:
+                    raise RolloutInputError(f"action script block {k} refused: {_one_line(exc)}") from None
+            block = engine.generate_block(session)
+            t1 = time.perf_counter()
+            latency = t1 - t0
+            if k == 0:
+                time_to_first_frame = t1 - t_ready
+            frames = np.ascontiguousarray(block.frames, dtype=np.uint8)
+            metadata = block.metadata.to_dict()
+            np.save(plan.output_dir / f"chunk_{k:03d}.npy", frames)
+            (plan.output_dir / f"chunk_{k:03d}.json").write_text(json.dumps({**metadata, "latency_seconds": latency}, indent=2) + "\n")
+            chunks.append(
+                {
+                    "index": k,
+                    "latency_seconds": latency,
+                    "num_frames": int(frames.shape[0]),
+                    "shape": list(frames.shape),
+                    "metadata": metadata,
+                }
+            )
+            log(f"block {k}: {frames.shape[0]} frames in {latency:.2f}s")
+    finally:
+        session.close()
+    total = time.perf_counter() - t_start
+
+    frames_delivered = sum(c["num_frames"] for c in chunks)
+    frames_expected = geometry.frames_for_blocks(plan.num_blocks)
+    matches = (
+        len(chunks) == plan.num_blocks
+        and frames_delivered == frames_expected
+        and all(c["num_frames"] == geometry.frames_in_block(c["index"]) for c in chunks)
+    )
+    summary = {
+        "request_id": "rollout-" + uuid.uuid4().hex,
+        "model": str(plan.model),
+        "prompt": plan.prompt,
+        "seed": session.seed,
+        "height": plan.height,
+        "width": plan.width,
+        "image": str(plan.image_path) if plan.image_path is not None else None,
+        "action_script": str(plan.action_script) if plan.action_script is not None else None,
+        "chunks_delivered": len(chunks),
+        "chunks_expected": plan.num_blocks,
+        "frames_delivered": frames_delivered,
+        "frames_expected": frames_expected,
+        "matches_offline_frame_timeline": matches,
+        "time_to_first_frame_seconds": time_to_first_frame,
+        "total_seconds": total,
+        "load_seconds": load_seconds,
+        "chunks": chunks,
+    }
+    (plan.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+# -- command line ----------------------------------------------------------------------
+
+
+def add_arguments(parser) -> None:
+    """Arguments of `rtv rollout` (argparse only: no heavy imports here)."""
+    parser.add_argument("--model", required=True, metavar="DIR", help="causal world-model checkpoint folder (diffusers layout), e.g. from `rtv make-models`")
+    parser.add_argument("--prompt", required=True, metavar="TEXT", help="text prompt for the whole rollout")
+    parser.add_argument("--image", metavar="PNG", help="start image; required by image-to-video models, refused by text-to-video ones")
+    parser.add_argument(
+        "--action-script",
+        metavar="JSON",
+        help="keyboard actions: a JSON list, one entry per block, each a list of num_frames_per_block "
+        "per-latent-frame lists of keys (w a s d move, i j k l look); sets the number of blocks",
+    )
+    parser.add_argument("--num-blocks", type=int, metavar="N", help=f"blocks to generate (default: the action script's length, else {DEFAULT_NUM_BLOCKS})")
+    parser.add_argument("--output-dir", required=True, metavar="OUT", help="where chunk_NNN.npy / chunk_NNN.json / summary.json go (created if missing)")
+    parser.add_argument("--height", type=int, default=DEFAULT_HEIGHT, help=f"frame height, a multiple of the model's size multiple (default: {DEFAULT_HEIGHT}, sized for the tiny models; real Wan checkpoints use 480)")
+    parser.add_argument("--width", type=int, default=DEFAULT_WIDTH, help=f"frame width (default: {DEFAULT_WIDTH}; real Wan checkpoints use 832)")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"noise seed, a non-negative integer (default: {DEFAULT_SEED})")
+
+
+def main(args) -> int:
+    """Run `rtv rollout` from parsed arguments; returns the exit code."""
+    try:
+        plan = prepare_rollout(
+            args.model,
+            args.prompt,
+            args.output_dir,
+            image=args.image,
+            action_script=args.action_script,
+            num_blocks=args.num_blocks,
+            height=args.height,
+            width=args.width,
+            seed=args.seed,
+        )
+        summary = run_rollout(plan, log=lambda line: print(line, flush=True))
+    except RolloutInputError as exc:
+        print(f"rtv rollout: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rtv rollout: interrupted", file=sys.stderr)
+        return 130
+    summary_path = plan.output_dir / "summary.json"
+    print(f"summary: {summary_path}")
+    print(
+        f"{summary['chunks_delivered']}/{summary['chunks_expected']} blocks, "
+        f"{summary['frames_delivered']}/{summary['frames_expected']} frames at {plan.height}x{plan.width}, "
+        f"first frame after {summary['time_to_first_frame_seconds']:.2f}s, total {summary['total_seconds']:.2f}s "
+        f"(load {summary['load_seconds']:.2f}s), "
+        f"timeline {'matches' if summary['matches_offline_frame_timeline'] else 'DOES NOT match'} offline"
+    )
+    return 0 if summary["matches_offline_frame_timeline"] else 1

@@ -1,0 +1,93 @@
+"""Load a causal world model's components from a diffusers-layout folder with the stock classes."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from deployments.generation.geometry import ARGeometry, CheckpointError, ModelTraits, read_geometry, read_traits
+
+
+@dataclass
+class WorldModelComponents:
+    path: Path
+    geometry: ARGeometry
+    transformer: object
+    vae: object
+    text_encoder: object
+    tokenizer: object
+    camera_adapter: object | None
+    flow_shift: float
+    timesteps: list[float] | None
+    image_conditioned: bool
+
+
+def _scheduler_settings(root: Path) -> tuple[float, list[float] | None]:
+    path = root / "scheduler" / "scheduler_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    # FlowMatchEuler calls it `shift`, UniPC `flow_shift`; causal Wan distills use 5.0.
+    shift = config.get("flow_shift", config.get("shift", 5.0))
+    timesteps = config.get("denoising_step_list")
+    return float(shift), (list(map(float, timesteps)) if timesteps else None)
+
+
+@contextmanager
+def _quiet_loading():
+    """The AR keys are extra to the stock transformer config; diffusers warns about them on every load."""
+    from diffusers.utils import logging as dlog
+    from transformers.utils import logging as tlog
+
+    saved = [(log, log.get_verbosity(), log.is_progress_bar_enabled()) for log in (dlog, tlog)]
+    for log, _, bars in saved:
+        log.set_verbosity_error()
+        if bars:
+            log.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for log, verbosity, bars in saved:
+            log.set_verbosity(verbosity)
+            if bars:
+                log.enable_progress_bar()
+
+
+def load_world_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, vae_dtype: torch.dtype = torch.float32) -> WorldModelComponents:
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"model folder {root} does not exist")
+    geometry = read_geometry(root)
+    traits = read_traits(root)
+    with _quiet_loading():
+        return _load(root, geometry, traits, device, dtype, vae_dtype)
+
+
+def _load(root: Path, geometry: ARGeometry, traits: ModelTraits, device, dtype: torch.dtype, vae_dtype: torch.dtype) -> WorldModelComponents:
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import AutoTokenizer, UMT5EncoderModel
+
+    from deployments.generation.camera_adapter import CameraAdapter
+
+    transformer = WanTransformer3DModel.from_pretrained(root, subfolder="transformer", dtype=dtype).to(device).eval()
+    vae = AutoencoderKLWan.from_pretrained(root, subfolder="vae", dtype=vae_dtype).to(device).eval()
+    text_encoder = UMT5EncoderModel.from_pretrained(root / "text_encoder", dtype=dtype).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(root / "tokenizer")
+    adapter = None
+    if traits.camera_adapter:
+        adapter = CameraAdapter.from_pretrained(root, subfolder="camera_adapter", dtype=dtype).to(device).eval()
+    shift, timesteps = _scheduler_settings(root)
+    return WorldModelComponents(
+        path=root,
+        geometry=geometry,
+        transformer=transformer,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        camera_adapter=adapter,
+        flow_shift=shift,
+        timesteps=timesteps,
+        image_conditioned=traits.image_conditioned,
+    )

@@ -1,0 +1,118 @@
+"""The autoregressive geometry of a causal world model, read off its configs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+AR_KEYS = ("num_frames_per_block", "sink_size", "sliding_window_num_frames")
+VAE_KEYS = ("scale_factor_temporal", "scale_factor_spatial")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot serve as a causal world model."""
+
+
+@dataclass(frozen=True)
+class ARGeometry:
+    num_frames_per_block: int
+    sink_size: int
+    sliding_window_num_frames: int
+    scale_factor_temporal: int
+    scale_factor_spatial: int
+    patch_size: tuple[int, int, int]
+    rope_max_seq_len: int
+
+    @property
+    def size_multiple(self) -> int:
+        """Height and width must be multiples of this (VAE stride x patch)."""
+        return self.scale_factor_spatial * max(self.patch_size[1], self.patch_size[2])
+
+    @property
+    def context_frames(self) -> int:
+        """Latent frames a block can attend to besides itself."""
+        return self.sink_size + self.sliding_window_num_frames
+
+    def frames_in_block(self, block_index: int) -> int:
+        """Video frames one block decodes to: the very first latent frame gives one, later ones give `temporal` each."""
+        latent = self.num_frames_per_block
+        if block_index == 0:
+            return (latent - 1) * self.scale_factor_temporal + 1
+        return latent * self.scale_factor_temporal
+
+    def frames_for_blocks(self, blocks: int) -> int:
+        return 0 if blocks <= 0 else (blocks * self.num_frames_per_block - 1) * self.scale_factor_temporal + 1
+
+    def latent_size(self, height: int, width: int) -> tuple[int, int]:
+        return height // self.scale_factor_spatial, width // self.scale_factor_spatial
+
+    def tokens_per_frame(self, height: int, width: int) -> int:
+        lh, lw = self.latent_size(height, width)
+        return (lh // self.patch_size[1]) * (lw // self.patch_size[2])
+
+    def check_size(self, height: int, width: int) -> None:
+        m = self.size_multiple
+        for name, value in (("height", height), ("width", width)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % m:
+                raise ValueError(f"{name} must be a positive multiple of {m}, got {value!r}")
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: not a diffusers-layout world model checkpoint")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def read_geometry(checkpoint: str | Path) -> ARGeometry:
+    """Read the AR geometry; refuse a checkpoint that lacks it, naming what is missing."""
+    root = Path(checkpoint)
+    transformer = _read_json(root / "transformer" / "config.json")
+    vae = _read_json(root / "vae" / "config.json")
+    missing = [f"transformer/config.json:{k}" for k in AR_KEYS if transformer.get(k) is None]
+    missing += [f"vae/config.json:{k}" for k in VAE_KEYS if vae.get(k) is None]
+    if missing:
+        raise CheckpointError(
+            f"{root} is not a causal (autoregressive) world model: missing {', '.join(missing)}"
+        )
+    values = {k: transformer[k] for k in AR_KEYS} | {k: vae[k] for k in VAE_KEYS}
+    bad = [f"{k}={v!r}" for k, v in values.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+    if bad or values["num_frames_per_block"] < 1 or values["scale_factor_temporal"] < 1:
+        raise CheckpointError(f"{root}: AR geometry must be non-negative integers (block >= 1): {', '.join(bad) or values}")
+    geometry = ARGeometry(
+        **values,
+        patch_size=tuple(transformer.get("patch_size", (1, 2, 2))),
+        rope_max_seq_len=int(transformer.get("rope_max_seq_len", 1024)),
+    )
+    if geometry.patch_size[0] != 1:
+        raise CheckpointError(f"{root}: temporal patch size {geometry.patch_size[0]} is not supported (need 1)")
+    if geometry.context_frames + geometry.num_frames_per_block > geometry.rope_max_seq_len:
+        raise CheckpointError(f"{root}: sink + window + block exceeds rope_max_seq_len {geometry.rope_max_seq_len}")
+    return geometry
+
+
+@dataclass(frozen=True)
+class ModelTraits:
+    """What a session may ask of a checkpoint, read off its configs without loading weights."""
+
+    image_conditioned: bool
+    camera_adapter: bool
+    latent_channels: int
+
+
+def read_traits(checkpoint: str | Path) -> ModelTraits:
+    root = Path(checkpoint)
+    transformer = _read_json(root / "transformer" / "config.json")
+    z_dim = _read_json(root / "vae" / "config.json").get("z_dim", 16)
+    in_channels = transformer.get("in_channels", z_dim)
+    # Wan image-to-video: noise latent + 4 mask channels + image latent.
+    if in_channels not in (z_dim, 2 * z_dim + 4):
+        raise CheckpointError(
+            f"{root}: transformer in_channels {in_channels} fits neither text-to-video ({z_dim}) nor image-to-video ({2 * z_dim + 4})"
+        )
+    if transformer.get("added_kv_proj_dim") is not None or transformer.get("image_dim") is not None:
+        raise CheckpointError(f"{root}: CLIP image-context checkpoints are not supported; image conditioning goes through latent channels")
+    return ModelTraits(in_channels != z_dim, (root / "camera_adapter").is_dir(), z_dim)

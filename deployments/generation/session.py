@@ -1,0 +1,90 @@
+"""One rollout's state: everything a session owns, freed by `close()`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from deployments.generation.interactions import Director, Interaction
+from deployments.generation.kv_cache import RollingKVCache
+from deployments.generation.vae_stream import StreamingDecoder
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """What a client asks of one rollout; None means the model's default."""
+
+    prompt: str
+    height: int
+    width: int
+    seed: int | None = None
+    image: np.ndarray | None = None  # uint8 (H, W, 3), any size: fitted to height x width
+    num_inference_steps: int | None = None
+    flow_shift: float | None = None
+
+
+@dataclass(frozen=True)
+class BlockMetadata:
+    block_index: int
+    num_frames: int
+    started_event_ids: tuple[str, ...]
+    active_event_ids: tuple[str, ...]
+    completed_event_ids: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        return {
+            "block_index": self.block_index,
+            "num_frames": self.num_frames,
+            "started_event_ids": list(self.started_event_ids),
+            "active_event_ids": list(self.active_event_ids),
+            "completed_event_ids": list(self.completed_event_ids),
+        }
+
+
+@dataclass
+class GeneratedBlock:
+    frames: np.ndarray  # uint8 (T, H, W, 3)
+    metadata: BlockMetadata
+
+
+@dataclass
+class WorldSession:
+    session_id: str
+    config: SessionConfig
+    seed: int
+    sigmas: list[float]
+    director: Director
+    kv: RollingKVCache
+    decoder: StreamingDecoder
+    generator: torch.Generator
+    image_latent: torch.Tensor | None = None  # normalized (1, z, 1, h, w), image-to-video only
+    block_index: int = 0
+    closed: bool = False
+    # Cross-attention K/V for the text condition in use, and which prompt mix it was made for.
+    text_kv: dict = field(default_factory=dict)
+    text_key: tuple | None = None
+
+    def submit(self, interaction: Interaction) -> None:
+        """Queue an interaction for the next block boundary; raises InteractionRefused with the reason."""
+        if self.closed:
+            raise RuntimeError(f"session {self.session_id} is closed")
+        self.director.submit(interaction)
+
+    def memory_bytes(self) -> int:
+        """Bytes of tensors this session holds (KV cache, text K/V, decoder cache, image latent)."""
+        if self.closed:
+            return 0
+        text = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.text_kv.values())
+        image = 0 if self.image_latent is None else self.image_latent.numel() * self.image_latent.element_size()
+        return self.kv.nbytes + text + self.decoder.nbytes + image
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.kv.k = self.kv.v = None
+        self.text_kv.clear()
+        self.decoder.close()
+        self.image_latent = None

@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny checkpoints built once per test session, never downloaded."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def world_model_dir(tmp_path_factory):
+    from deployments.models.tiny_world_model import TinyWorldModelSpec, make_world_model
+
+    return make_world_model(tmp_path_factory.mktemp("models") / "world-model", TinyWorldModelSpec())
+
+
+@pytest.fixture(scope="session")
+def i2v_model_dir(tmp_path_factory):
+    from deployments.models.tiny_world_model import TinyWorldModelSpec, make_world_model
+
+    spec = TinyWorldModelSpec(image_conditioned=True)
+    return make_world_model(tmp_path_factory.mktemp("models") / "world-model-i2v", spec)
+
+
+@pytest.fixture(scope="session")
+def plain_model_dir(tmp_path_factory):
+    """No camera adapter, and a short window so a few blocks roll it."""
+    from deployments.models.tiny_world_model import TinyWorldModelSpec, make_world_model
+
+    spec = TinyWorldModelSpec(camera_adapter=False, sliding_window_num_frames=6)
+    return make_world_model(tmp_path_factory.mktemp("models") / "world-model-plain", spec)
+
+
+@pytest.fixture(scope="session")
+def engine(world_model_dir):
+    from deployments.generation.engine import WorldModelEngine
+
+    return WorldModelEngine.from_pretrained(world_model_dir)

@@ -1,0 +1,237 @@
+"""The causal engine on the tiny checkpoints: exactness, determinism, isolation, interactions, bounds."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from deployments.generation.engine import WorldModelEngine
+from deployments.generation.geometry import CheckpointError, read_geometry
+from deployments.generation.interactions import CameraCommand, Interaction, InteractionRefused
+from deployments.generation.session import SessionConfig
+from deployments.generation.vae_stream import StreamingDecoder
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def rollout(engine, config, blocks, events=None):
+    """Frames of `blocks` blocks; events[k] is submitted before block k."""
+    session = engine.open_session(config)
+    out = []
+    for k in range(blocks):
+        for event in (events or {}).get(k, []):
+            session.submit(event)
+        out.append(engine.generate_block(session))
+    session.close()
+    return out
+
+
+def cfg(**kw):
+    return SessionConfig(**({"prompt": "a red fox in snow", "height": 64, "width": 96, "seed": 7} | kw))
+
+
+# -- geometry -----------------------------------------------------------------
+def test_geometry_is_read_off_the_configs(world_model_dir):
+    g = read_geometry(world_model_dir)
+    assert (g.num_frames_per_block, g.sink_size, g.sliding_window_num_frames) == (3, 3, 12)
+    assert (g.scale_factor_temporal, g.scale_factor_spatial, g.size_multiple) == (4, 8, 16)
+    assert [g.frames_in_block(i) for i in range(3)] == [9, 12, 12] and g.frames_for_blocks(3) == 33
+
+
+def test_checkpoint_without_ar_keys_is_refused_naming_them(world_model_dir, tmp_path):
+    copy = shutil.copytree(world_model_dir, tmp_path / "not-causal")
+    config_path = copy / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    for key in ("sink_size", "sliding_window_num_frames"):
+        del config[key]
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="missing transformer/config.json:sink_size, transformer/config.json:sliding_window_num_frames"):
+        WorldModelEngine.from_pretrained(copy)
+
+
+def test_missing_folder_is_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        WorldModelEngine.from_pretrained(tmp_path / "nowhere")
+
+
+def test_stock_pipeline_loads_the_tiny_checkpoint(world_model_dir):
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline.from_pretrained(world_model_dir)
+    assert pipe.transformer.config.num_frames_per_block == 3
+
+
+@pytest.mark.parametrize("height, width", [(0, 64), (64, 40), (-16, 64), (63, 64)])
+def test_sizes_must_be_positive_multiples_of_16(engine, height, width):
+    with pytest.raises(ValueError, match="positive multiple of 16"):
+        engine.open_session(cfg(height=height, width=width))
+
+
+def test_blank_prompt_is_refused(engine):
+    with pytest.raises(ValueError, match="non-blank"):
+        engine.open_session(cfg(prompt="  "))
+
+
+# -- exactness ----------------------------------------------------------------
+def test_cached_path_equals_block_causal_full_forward(world_model_dir, engine):
+    from reference import BlockCausalReference
+
+    session = engine.open_session(cfg())
+    text = engine.text_condition(session, session.director.plan_block().prompt_mix)
+    reference = BlockCausalReference(world_model_dir, frames_per_block=3)
+    g = torch.Generator().manual_seed(0)
+    shape = (1, 16, 3, 8, 12)
+    clean = [torch.randn(shape, generator=g) for _ in range(4)]
+    for block in clean:
+        engine.forward(session, block, 0.0, text, commit=True)
+        session.kv.advance(3)
+    noisy = torch.randn(shape, generator=g)
+    for sigma in session.sigmas:
+        cached = engine.forward(session, noisy, sigma, text)
+        full = reference.velocity_of_last_block(clean, noisy, sigma, text)
+        assert (cached - full).abs().max().item() <= 1e-4
+    # The oracle can tell a wrong cache apart: dropping a context block changes the answer.
+    wrong = reference.velocity_of_last_block(clean[1:], noisy, session.sigmas[0], text)
+    assert (engine.forward(session, noisy, session.sigmas[0], text) - wrong).abs().max().item() > 1e-3
+    session.close()
+
+
+def test_streaming_decode_equals_whole_clip_decode(engine):
+    vae = engine.vae
+    g = torch.Generator().manual_seed(1)
+    latents = torch.randn((1, 16, 12, 8, 12), generator=g)
+    whole = vae.decode(latents).sample
+    decoder = StreamingDecoder(vae)
+    chunks = [decoder.decode(latents[:, :, i : i + 3]) for i in range(0, 12, 3)]
+    assert [c.shape[2] for c in chunks] == [9, 12, 12, 12]
+    assert (torch.cat(chunks, dim=2) - whole).abs().max().item() <= 1e-6
+
+
+def test_block_frames_have_the_documented_counts_and_format(engine):
+    blocks = rollout(engine, cfg(), 3)
+    assert [b.frames.shape for b in blocks] == [(9, 64, 96, 3), (12, 64, 96, 3), (12, 64, 96, 3)]
+    assert all(b.frames.dtype == np.uint8 for b in blocks)
+    assert [b.metadata.block_index for b in blocks] == [0, 1, 2]
+    assert blocks[1].frames.std() > 0  # not a constant image
+
+
+# -- determinism and isolation ------------------------------------------------
+def test_same_seed_same_frames_other_seed_other_frames(engine):
+    a = rollout(engine, cfg(seed=11), 2)
+    b = rollout(engine, cfg(seed=11), 2)
+    c = rollout(engine, cfg(seed=12), 2)
+    assert all(np.array_equal(x.frames, y.frames) for x, y in zip(a, b))
+    assert not np.array_equal(a[1].frames, c[1].frames)
+
+
+def test_interleaved_sessions_match_their_solo_runs(engine):
+    solo_a = rollout(engine, cfg(seed=1), 3)
+    solo_b = rollout(engine, cfg(seed=2, prompt="a city at night"), 3)
+    sa = engine.open_session(cfg(seed=1))
+    sb = engine.open_session(cfg(seed=2, prompt="a city at night"))
+    for k in range(3):
+        assert np.array_equal(engine.generate_block(sa).frames, solo_a[k].frames)
+        assert np.array_equal(engine.generate_block(sb).frames, solo_b[k].frames)
+
+
+def test_image_to_video_follows_the_image(i2v_model_dir):
+    engine = WorldModelEngine.from_pretrained(i2v_model_dir)
+    rng = np.random.default_rng(0)
+    img_a = rng.integers(0, 256, (120, 200, 3), dtype=np.uint8)
+    img_b = 255 - img_a
+    a = rollout(engine, cfg(image=img_a), 2)
+    a2 = rollout(engine, cfg(image=img_a), 2)
+    b = rollout(engine, cfg(image=img_b), 2)
+    assert a[0].frames.shape == (9, 64, 96, 3)
+    assert np.array_equal(a[1].frames, a2[1].frames)
+    assert not np.array_equal(a[0].frames, b[0].frames)
+    with pytest.raises(ValueError, match="needs a start image"):
+        engine.open_session(cfg())
+
+
+def test_text_to_video_model_refuses_an_image(engine):
+    with pytest.raises(ValueError, match="takes no start image"):
+        engine.open_session(cfg(image=np.zeros((64, 96, 3), np.uint8)))
+
+
+# -- interactions -------------------------------------------------------------
+def changed_from(base, other):
+    return [not np.array_equal(x.frames, y.frames) for x, y in zip(base, other)]
+
+
+def test_prompt_switch_changes_frames_from_its_block_on(engine):
+    base = rollout(engine, cfg(), 4)
+    switched = rollout(engine, cfg(), 4, {2: [Interaction("p", prompt="a volcano erupting")]})
+    assert changed_from(base, switched) == [False, False, True, True]
+    assert switched[2].metadata.started_event_ids == ("p",)
+    assert switched[2].metadata.completed_event_ids == ("p",)
+
+
+def test_prompt_blend_reports_the_event_until_it_completes(engine):
+    blocks = rollout(engine, cfg(), 5, {1: [Interaction("p", prompt="a volcano", transition_chunks=3)]})
+    meta = [b.metadata for b in blocks]
+    assert [m.started_event_ids for m in meta] == [(), ("p",), (), (), ()]
+    assert [m.active_event_ids for m in meta] == [(), ("p",), ("p",), ("p",), ()]
+    assert [m.completed_event_ids for m in meta] == [(), (), (), ("p",), ()]
+    hard = rollout(engine, cfg(), 3, {1: [Interaction("p", prompt="a volcano")]})
+    assert not np.array_equal(blocks[1].frames, hard[1].frames)  # half-way is not the end point
+
+
+def test_camera_and_keyboard_change_the_video(engine):
+    base = rollout(engine, cfg(), 3)
+    moved = rollout(engine, cfg(), 3, {1: [Interaction("c", camera=CameraCommand("velocity", (0.0, 0.0, 0.3)))]})
+    keys = rollout(engine, cfg(), 3, {1: [Interaction("k", actions=(("w",), ("w", "l"), ("l",)))]})
+    assert changed_from(base, moved) == [False, True, True]
+    assert changed_from(base, keys) == [False, True, True]
+    assert keys[1].metadata.completed_event_ids == ("k",)
+    assert moved[2].metadata.active_event_ids == ("c",)
+
+
+def test_interaction_the_model_cannot_take_is_refused_and_generation_goes_on(plain_model_dir):
+    engine = WorldModelEngine.from_pretrained(plain_model_dir)
+    session = engine.open_session(cfg())
+    engine.generate_block(session)
+    with pytest.raises(InteractionRefused, match="no camera adapter"):
+        session.submit(Interaction("c", camera=CameraCommand("velocity", (0.0, 0.0, 1.0))))
+    block = engine.generate_block(session)
+    assert block.frames.shape == (12, 64, 96, 3) and block.metadata.started_event_ids == ()
+
+
+# -- bounds -------------------------------------------------------------------
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_memory_and_positions_stay_flat_over_200_blocks(plain_model_dir):
+    engine = WorldModelEngine.from_pretrained(plain_model_dir)
+    session = engine.open_session(cfg(height=32, width=32))
+    geometry = engine.geometry
+    held, rss = {}, {}
+    for k in range(1, 201):
+        if k == 37:
+            session.submit(Interaction("p", prompt="another place", transition_chunks=2))
+        engine.generate_block(session)
+        assert session.kv.context_frames <= geometry.context_frames
+        if k in (20, 200):
+            held[k], rss[k] = session.memory_bytes(), rss_bytes()
+    assert held[200] == held[20]
+    assert rss[200] - rss[20] < 16 * 2**20, f"process grew by {(rss[200] - rss[20]) / 2**20:.1f} MiB"
+    # RoPE tables only ever span sink + window + one block, however long the session.
+    longest = max(key[0] for key in engine.transformer.rope._tables)
+    assert longest == geometry.context_frames + geometry.num_frames_per_block
+    assert session.kv.frames_committed == 600
+
+
+def test_close_frees_the_session(engine):
+    session = engine.open_session(cfg())
+    engine.generate_block(session)
+    assert session.memory_bytes() > 0
+    session.close()
+    assert session.kv.k is None and session.text_kv == {} and session.decoder.nbytes == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.generate_block(session)
+    with pytest.raises(RuntimeError, match="closed"):
+        session.submit(Interaction("x", prompt="y"))
