@@ -1,0 +1,59 @@
+"""One typed config drives the whole app: `serve run`, `serve build` and KubeRay read the same object."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+
+
+class AppConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The world model: a causal Wan checkpoint folder in the diffusers layout.
+    model: str = "models/world-model"
+    served_model_name: str | None = None  # default: the folder's name
+    # Build the tiny random-weight models into the model's parent folder when it is absent.
+    build_tiny_models: bool = True
+
+    # Defaults a session gets when it does not ask (the tiny models are sized for CPU).
+    height: PositiveInt = 64
+    width: PositiveInt = 64
+    fps: PositiveInt = 16
+    num_inference_steps: PositiveInt | None = None
+
+    # Where and how replicas run.
+    accelerator: Literal["auto", "cpu", "gpu"] = "auto"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    tensor_parallel_size: PositiveInt = 1
+    gpu_memory_fraction: float = Field(0.9, gt=0.0, le=1.0)
+    num_replicas: PositiveInt = 1
+    max_sessions_per_replica: PositiveInt | None = 4  # None: as many as the memory budget allows
+    replica_cpus: float = Field(1.0, ge=0.0)
+    torch_threads: PositiveInt | None = None
+
+    # Session life.
+    max_session_seconds: PositiveFloat = 3600.0
+    start_timeout_s: PositiveFloat = 10.0
+    stall_timeout_s: PositiveFloat = 60.0
+    lease_timeout_s: PositiveFloat = 15.0
+    retry_after_s: PositiveFloat = 5.0
+    routing_stats_period_s: PositiveFloat = 1.0
+    # A draining replica keeps streaming its sessions this long before Serve stops it.
+    graceful_shutdown_timeout_s: PositiveFloat = 3600.0
+    ingress_max_ongoing_requests: PositiveInt = 1000
+
+    @property
+    def model_path(self) -> Path:
+        return Path(self.model).expanduser().resolve()
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_path.name
+
+    @property
+    def torch_dtype(self):
+        import torch
+
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]

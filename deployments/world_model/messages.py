@@ -1,0 +1,100 @@
+"""Typed messages between the ingress and a WorldModel replica (pickled by Ray, never on the wire)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from deployments.generation.interactions import Interaction
+
+
+@dataclass(frozen=True)
+class SessionRequest:
+    """A validated `session.start`, resolved against the server's defaults."""
+
+    session_id: str
+    prompt: str
+    height: int
+    width: int
+    fps: int
+    seed: int | None = None
+    num_blocks: int | None = None  # None: until stop, disconnect or the session length limit
+    num_inference_steps: int | None = None
+    flow_shift: float | None = None
+    image: np.ndarray | None = None
+
+
+# -- replica -> ingress (items of the session stream) ---------------------------------
+@dataclass(frozen=True)
+class SessionAccepted:
+    session_id: str
+    replica_id: str
+    seed: int
+    mailbox: Any  # the replica's MailboxActor handle
+
+
+@dataclass(frozen=True)
+class SessionRefused:
+    code: str  # "over_capacity" or "invalid_request"
+    message: str
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True)
+class MediaChunk:
+    data: bytes
+    num_frames: int
+    block_index: int
+    started_event_ids: tuple[str, ...] = ()
+    active_event_ids: tuple[str, ...] = ()
+    completed_event_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Trailer:
+    data: bytes
+    num_frames: int
+
+
+@dataclass(frozen=True)
+class InteractionFailed:
+    event_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SessionEnded:
+    stopped: bool
+    reason: str = "complete"  # complete | stopped | lease_expired | max_length | error
+    blocks: int = 0
+    frames: int = 0
+
+
+# -- ingress -> replica (through the mailbox) ------------------------------------------
+@dataclass(frozen=True)
+class Interact:
+    interaction: Interaction
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+@dataclass(frozen=True)
+class Playback:
+    position_seconds: float
+
+
+@dataclass
+class ReplicaStats:
+    capacity: int
+    active: int
+    reported_at: float
+    session_ids: list[str] = field(default_factory=list)
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.capacity - self.active)

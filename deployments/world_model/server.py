@@ -1,0 +1,196 @@
+"""The WorldModel replica: the engine, its sessions, and one block loop per session.
+
+Each session is one streaming call (`run_session`). Its first item says whether
+the replica took it and carries the replica's mailbox, through which every
+later control message arrives. The loop between blocks: read the mailbox, start
+the next block, encode the last one while the next one denoises, send it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from deployments.config import AppConfig
+from deployments.generation.interactions import InteractionRefused
+from deployments.generation.session import SessionConfig
+from deployments.world_model.messages import (
+    Interact,
+    InteractionFailed,
+    MediaChunk,
+    ReplicaStats,
+    SessionAccepted,
+    SessionEnded,
+    SessionRefused,
+    SessionRequest,
+    Stop,
+    Trailer,
+)
+
+logger = logging.getLogger("ray.serve")
+
+
+class WorldModelServer:
+    def __init__(self, config: AppConfig) -> None:
+        import torch
+        from ray import serve
+
+        from deployments.generation.engine import WorldModelEngine
+        from deployments.models.ensure import ensure_tiny_models
+        from deployments.world_model.capacity import measure_footprint, session_slots
+        from deployments.world_model.mailbox import MailboxActor
+
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        self.config = config
+        path = ensure_tiny_models(config.model_path) if config.build_tiny_models else config.model_path
+        device = "cuda" if torch.cuda.is_available() and config.accelerator != "cpu" else "cpu"
+        self.engine = WorldModelEngine.from_pretrained(path, device=device, dtype=config.torch_dtype)
+        footprint = measure_footprint(self.engine, config.height, config.width)
+        self.capacity = session_slots(footprint, config.max_sessions_per_replica, config.gpu_memory_fraction, self.engine.device)
+        self.footprint = footprint
+        self.mailbox = MailboxActor.remote()
+        try:
+            self.replica_id = serve.get_replica_context().replica_id.unique_id
+        except Exception:  # outside Serve (tests of the class itself)
+            self.replica_id = "local"
+        self._sessions: set[str] = set()
+        logger.info("world model %s ready: %d session slots, %.1f MiB per session", path, self.capacity, footprint.total / 2**20)
+
+    # -- Serve hooks ---------------------------------------------------------
+    def record_routing_stats(self) -> dict:
+        stats = ReplicaStats(self.capacity, len(self._sessions), time.time(), sorted(self._sessions))
+        return {"free_slots": stats.free_slots, "capacity": stats.capacity, "active": stats.active, "reported_at": stats.reported_at}
+
+    def model_info(self) -> dict:
+        """What the ingress needs to validate a session.start for this model, without loading it."""
+        g = self.engine.geometry
+        return {
+            "frames_per_block": g.num_frames_per_block,
+            "temporal_factor": g.scale_factor_temporal,
+            "size_multiple": g.size_multiple,
+            "image_conditioned": self.engine.image_conditioned,
+            "accepts_camera": self.engine.accepts_camera,
+        }
+
+    async def stats(self) -> dict:
+        """For tests and operators: what this replica holds right now."""
+        return {
+            "replica_id": self.replica_id,
+            "capacity": self.capacity,
+            "sessions": sorted(self._sessions),
+            "mailbox_sessions": await self.mailbox.sessions.remote(),
+            "footprint_bytes": self.footprint.total,
+        }
+
+    # -- one session -----------------------------------------------------------
+    async def _next_block(self, session, request: SessionRequest, deadline: float, done: int) -> "_Step":
+        """Apply the mailbox at this boundary, then start the next block in a worker thread (or say why not)."""
+        failures: list[InteractionFailed] = []
+        if request.num_blocks is not None and done >= request.num_blocks:
+            return _Step(None, failures, "complete")
+        delivery = await self.mailbox.take.remote(session.session_id)
+        stop = False
+        for message in delivery.messages:
+            if isinstance(message, Stop):
+                stop = True
+            elif isinstance(message, Interact):
+                try:
+                    session.submit(message.interaction)
+                except InteractionRefused as exc:
+                    failures.append(InteractionFailed(message.interaction.event_id, str(exc)))
+        if stop:
+            return _Step(None, failures, "stopped")
+        if delivery.lease_expired:
+            logger.warning("session %s: lease expired, dropping it", session.session_id)
+            return _Step(None, failures, "lease_expired")
+        if time.monotonic() > deadline:
+            return _Step(None, failures, "max_length")
+        return _Step(asyncio.ensure_future(asyncio.to_thread(self.engine.generate_block, session)), failures)
+
+    async def run_session(self, request: SessionRequest) -> AsyncIterator[object]:
+        if len(self._sessions) >= self.capacity:
+            # Refuse at once so the ingress can try another replica; never queue a session.
+            yield SessionRefused("over_capacity", "no free session slot on this replica", self.config.retry_after_s)
+            return
+        sid = request.session_id
+        self._sessions.add(sid)
+        session = encoder = generating = None
+        try:
+            await self.mailbox.open.remote(sid, self.config.lease_timeout_s)
+            try:
+                session = await asyncio.to_thread(self.engine.open_session, _session_config(request), sid)
+            except ValueError as exc:
+                yield SessionRefused("invalid_request", str(exc))
+                return
+            yield SessionAccepted(sid, self.replica_id, session.seed, self.mailbox)
+
+            from deployments.media.fmp4 import AsyncFragmentEncoder
+
+            encoder = AsyncFragmentEncoder(request.width, request.height, request.fps)
+            deadline = time.monotonic() + self.config.max_session_seconds
+            blocks = frames = 0
+            step = await self._next_block(session, request, deadline, blocks)
+            generating = step.future
+            while generating is not None:
+                for failure in step.failures:
+                    yield failure
+                block = await generating
+                blocks += 1
+                frames += block.metadata.num_frames
+                # Start the next block before encoding this one: encoding runs beside the denoising.
+                step = await self._next_block(session, request, deadline, blocks)
+                generating = step.future
+                piece = await encoder.encode(block.frames)
+                meta = block.metadata
+                yield MediaChunk(
+                    piece.data,
+                    piece.num_frames,
+                    meta.block_index,
+                    meta.started_event_ids,
+                    meta.active_event_ids,
+                    meta.completed_event_ids,
+                )
+            for failure in step.failures:
+                yield failure
+            reason = step.reason
+            if reason == "lease_expired":
+                return
+            tail = await encoder.close()
+            yield Trailer(tail.data, tail.num_frames)
+            yield SessionEnded(stopped=reason == "stopped", reason=reason, blocks=blocks, frames=frames)
+        finally:
+            if generating is not None and not generating.done():
+                # The engine thread still holds the session's tensors: let it finish first.
+                await asyncio.wait([generating])
+            if encoder is not None:
+                encoder.shutdown()
+            if session is not None:
+                session.close()
+            self._sessions.discard(sid)
+            try:
+                self.mailbox.close.remote(sid)
+            except Exception:  # the replica is going down; the mailbox goes with it
+                pass
+
+
+@dataclass
+class _Step:
+    future: asyncio.Future | None
+    failures: list[InteractionFailed]
+    reason: str = "complete"
+
+
+def _session_config(request: SessionRequest) -> SessionConfig:
+    return SessionConfig(
+        prompt=request.prompt,
+        height=request.height,
+        width=request.width,
+        seed=request.seed,
+        image=request.image,
+        num_inference_steps=request.num_inference_steps,
+        flow_shift=request.flow_shift,
+    )
