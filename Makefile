@@ -25,8 +25,9 @@ $(MODELS)/.built: | $(VENV)/.installed
 
 models: $(MODELS)/.built
 
-# The server arrives with the serving issue; until then `serve` runs the offline rollout.
-serve: rollout
+# The whole app on the tiny built-in models (built into $(MODELS)/ on first start).
+serve: setup
+	$(VENV)/bin/serve run serve_config.yaml
 
 rollout: setup models
 	$(PY) -m clients.cli rollout --model $(MODELS)/world-model \

@@ -56,7 +56,9 @@ def _make_models_run(args: argparse.Namespace) -> int:
 
 
 def _rollout_arguments(parser: argparse.ArgumentParser) -> None:
-    from clients.rollout import add_arguments  # argparse only; the module imports nothing heavy at top level
+    from clients.rollout import (
+        add_arguments,  # argparse only; the module imports nothing heavy at top level
+    )
 
     add_arguments(parser)
 
@@ -95,6 +97,15 @@ COMMANDS: list[Command] = [
         run=_rollout_run,
         description="Drive one world-model session block by block in this process (no server) and save every block.",
         epilog=ROLLOUT_EPILOG,
+    ),
+    Command(
+        name="generate",
+        help="stream one session from a running server into an MP4 (+ JSON summary)",
+        add_arguments=lambda parser: __import__("clients.generate", fromlist=["add_arguments"]).add_arguments(parser),
+        run=lambda args: __import__("clients.generate", fromlist=["main"]).main(args),
+        description="Stream one /v1/realtime/video session: send session.start and scripted interactions, "
+        "show live progress, write a playable MP4 and a JSON summary.",
+        epilog=__import__("clients.generate", fromlist=["EPILOG"]).EPILOG,
     ),
 ]
 

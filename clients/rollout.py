@@ -47,7 +47,7 @@ def load_action_script(path: str | os.PathLike, frames_per_block: int) -> list[A
 
     Returns one tuple of per-latent-frame key tuples per block; raises RolloutInputError.
     """
-    from deployments.generation.camera import KEYS
+    from deployments.protocol.keys import KEYS
 
     p = Path(path)
     if not p.is_file():
@@ -64,7 +64,7 @@ def load_action_script(path: str | os.PathLike, frames_per_block: int) -> list[A
 def parse_action_script(data: object, frames_per_block: int, source: str = "action script", keys=None) -> list[Actions]:
     """Validate already-decoded action-script JSON; see `load_action_script`."""
     if keys is None:
-        from deployments.generation.camera import KEYS as keys
+        from deployments.protocol.keys import KEYS as keys
     where = f"action script {source}" if source != "action script" else source
     shape_hint = f"expected a JSON list with one entry per block, each a list of {frames_per_block} per-latent-frame lists of keys"
     if not isinstance(data, list):
@@ -143,7 +143,11 @@ def prepare_rollout(
     seed: int | None = DEFAULT_SEED,
 ) -> RolloutPlan:
     """Check every input that can be checked without loading the model; raises RolloutInputError."""
-    from deployments.generation.geometry import CheckpointError, read_geometry, read_traits
+    from deployments.generation.geometry import (
+        CheckpointError,
+        read_geometry,
+        read_traits,
+    )
 
     model_dir = Path(model)
     if not model_dir.exists():
@@ -349,7 +353,11 @@ def run_rollout(plan: RolloutPlan, log: Callable[[str], None] | None = None, eng
 
 def add_arguments(parser) -> None:
     """Arguments of `rtv rollout` (argparse only: no heavy imports here)."""
-    parser.add_argument("--model", required=True, metavar="DIR", help="causal world-model checkpoint folder (diffusers layout), e.g. from `rtv make-models`")
+    parser.add_argument(
+        "--model",
+        metavar="DIR",
+        help="causal world-model checkpoint folder (diffusers layout), e.g. from `rtv make-models`; required unless --url is given",
+    )
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="text prompt for the whole rollout")
     parser.add_argument("--image", metavar="PNG", help="start image; required by image-to-video models, refused by text-to-video ones")
     parser.add_argument(
@@ -363,10 +371,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--height", type=int, default=DEFAULT_HEIGHT, help=f"frame height, a multiple of the model's size multiple (default: {DEFAULT_HEIGHT}, sized for the tiny models; real Wan checkpoints use 480)")
     parser.add_argument("--width", type=int, default=DEFAULT_WIDTH, help=f"frame width (default: {DEFAULT_WIDTH}; real Wan checkpoints use 832)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"noise seed, a non-negative integer (default: {DEFAULT_SEED})")
+    from clients.generate import add_rollout_url_argument  # argparse only
+
+    add_rollout_url_argument(parser)
 
 
 def main(args) -> int:
     """Run `rtv rollout` from parsed arguments; returns the exit code."""
+    if getattr(args, "url", None):
+        from clients.generate import remote_rollout_main
+
+        return remote_rollout_main(args)
+    if args.model is None:
+        print("rtv rollout: error: --model is required (or --url ws://HOST:PORT to drive a server)", file=sys.stderr)
+        return 2
     try:
         plan = prepare_rollout(
             args.model,

@@ -74,5 +74,6 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     config = args if isinstance(args, AppConfig) else AppConfig.model_validate(args or {})
     cluster_gpus = ray.cluster_resources().get("GPU", 0.0) if ray.is_initialized() else 0.0
     gpus = use_gpus(config, cluster_gpus)
-    world = serve.deployment(WorldModelServer, name="WorldModel").options(**world_model_options(config, gpus)).bind(config)
-    return VideoIngress.options(**ingress_options(config)).bind(config, world)
+    replica_config = config.for_replicas()
+    world = serve.deployment(WorldModelServer, name="WorldModel").options(**world_model_options(config, gpus)).bind(replica_config)
+    return VideoIngress.options(**ingress_options(config)).bind(replica_config, world)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
@@ -43,6 +43,13 @@ class AppConfig(BaseModel):
     # A draining replica keeps streaming its sessions this long before Serve stops it.
     graceful_shutdown_timeout_s: PositiveFloat = 3600.0
     ingress_max_ongoing_requests: PositiveInt = 1000
+
+    # Fields that only size the deployment. Replicas are built from `for_replicas()`, which leaves them
+    # out, so changing them (KubeRay editing num_replicas) rescales without restarting every replica.
+    SCALING_FIELDS: ClassVar[tuple[str, ...]] = ("num_replicas",)
+
+    def for_replicas(self) -> "AppConfig":
+        return self.model_copy(update={name: AppConfig.model_fields[name].default for name in self.SCALING_FIELDS})
 
     @property
     def model_path(self) -> Path:

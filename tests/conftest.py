@@ -39,3 +39,26 @@ def engine(world_model_dir):
     from deployments.generation.engine import WorldModelEngine
 
     return WorldModelEngine.from_pretrained(world_model_dir)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def serve_address():
+    """One Ray instance and one Serve HTTP proxy for every test that serves; apps come per module."""
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=16, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield f"127.0.0.1:{port}"
+    serve.shutdown()
+    ray.shutdown()

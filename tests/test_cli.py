@@ -18,7 +18,12 @@ import numpy as np
 import pytest
 
 from clients import cli
-from clients.rollout import RolloutInputError, load_action_script, prepare_rollout, run_rollout
+from clients.rollout import (
+    RolloutInputError,
+    load_action_script,
+    prepare_rollout,
+    run_rollout,
+)
 from deployments.models.tiny_world_model import TinyWorldModelSpec, make_world_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

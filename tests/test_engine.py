@@ -9,7 +9,11 @@ import torch
 
 from deployments.generation.engine import WorldModelEngine
 from deployments.generation.geometry import CheckpointError, read_geometry
-from deployments.generation.interactions import CameraCommand, Interaction, InteractionRefused
+from deployments.generation.interactions import (
+    CameraCommand,
+    Interaction,
+    InteractionRefused,
+)
 from deployments.generation.session import SessionConfig
 from deployments.generation.vae_stream import StreamingDecoder
 
@@ -223,6 +227,17 @@ def test_memory_and_positions_stay_flat_over_200_blocks(plain_model_dir):
     longest = max(key[0] for key in engine.transformer.rope._tables)
     assert longest == geometry.context_frames + geometry.num_frames_per_block
     assert session.kv.frames_committed == 600
+
+
+def test_a_cancelled_session_stops_its_block(engine):
+    from deployments.generation.engine import SessionCancelled
+
+    session = engine.open_session(cfg())
+    engine.generate_block(session)
+    session.cancel()
+    with pytest.raises(SessionCancelled):
+        engine.generate_block(session)
+    session.close()
 
 
 def test_close_frees_the_session(engine):

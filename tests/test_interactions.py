@@ -92,8 +92,8 @@ def test_queued_actions_play_in_order_across_blocks():
     d.submit(Interaction("a", actions=(("w",),) * 4))
     d.submit(Interaction("b", actions=(("s",),) * 2))
     p1, p2 = d.plan_block(), d.plan_block()
-    assert p1.started == ("a", "b") and p1.completed == ()
-    assert p2.completed == ("a", "b")
+    assert p1.started == ("a",) and p1.active == ("a",) and p1.completed == ()
+    assert p2.started == ("b",) and p2.completed == ("a", "b")
     z = [p.translation[2] for p in p1.poses + p2.poses]
     assert z == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.3, 0.2])
 

@@ -15,9 +15,9 @@ from PIL import Image
 from deployments.generation.interactions import CameraCommand, Interaction
 from deployments.protocol.errors import (
     CONTROL_MESSAGE_MAX_BYTES,
+    STALL_TIMEOUT_S,
     START_MESSAGE_MAX_BYTES,
     START_TIMEOUT_S,
-    STALL_TIMEOUT_S,
     ProtocolError,
     error_message,
     event_id_conflict,

@@ -11,14 +11,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from deployments.protocol.keys import KEYS
+
 IDENTITY_ROTATION = (0.0, 0.0, 0.0, 1.0)
 
 # Keys the server turns into motion: (axis in camera frame, sign) for moves,
 # (rotation axis in camera frame, sign) for looks. Looking up is a rotation
 # about +X that tips +Z towards +Y, i.e. a negative angle in a left-handed frame.
-MOVE_KEYS: dict[str, tuple[int, float]] = {"w": (2, 1.0), "s": (2, -1.0), "d": (0, 1.0), "a": (0, -1.0)}
-LOOK_KEYS: dict[str, tuple[int, float]] = {"i": (0, -1.0), "k": (0, 1.0), "l": (1, 1.0), "j": (1, -1.0)}
-KEYS = frozenset(MOVE_KEYS) | frozenset(LOOK_KEYS)
+MOVES: dict[str, tuple[int, float]] = {"w": (2, 1.0), "s": (2, -1.0), "d": (0, 1.0), "a": (0, -1.0)}
+LOOKS: dict[str, tuple[int, float]] = {"i": (0, -1.0), "k": (0, 1.0), "l": (1, 1.0), "j": (1, -1.0)}
+assert frozenset(MOVES) | frozenset(LOOKS) == KEYS, "every key the protocol allows has a motion"
 
 
 def quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -104,11 +106,11 @@ class KeyMotion:
         t = np.zeros(3)
         rot = np.array(IDENTITY_ROTATION)
         for key in keys:
-            if key in MOVE_KEYS:
-                axis, sign = MOVE_KEYS[key]
+            if key in MOVES:
+                axis, sign = MOVES[key]
                 t[axis] += sign * self.step
-            elif key in LOOK_KEYS:
-                axis, sign = LOOK_KEYS[key]
+            elif key in LOOKS:
+                axis, sign = LOOKS[key]
                 rot = quat_mul(rot, quat_axis_angle(axis, sign * self.turn_radians))
             else:
                 raise ValueError(f"unknown key {key!r}; keys are {' '.join(sorted(KEYS))}")

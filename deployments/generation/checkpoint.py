@@ -9,7 +9,13 @@ from pathlib import Path
 
 import torch
 
-from deployments.generation.geometry import ARGeometry, CheckpointError, ModelTraits, read_geometry, read_traits
+from deployments.generation.geometry import (
+    ARGeometry,
+    CheckpointError,
+    ModelTraits,
+    read_geometry,
+    read_traits,
+)
 
 
 @dataclass

@@ -15,16 +15,30 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deployments.generation.attention import CacheBinding, ForwardState, install_processors
+from deployments.generation.attention import (
+    CacheBinding,
+    ForwardState,
+    install_processors,
+)
 from deployments.generation.camera import plucker_rays
 from deployments.generation.checkpoint import WorldModelComponents, load_world_model
 from deployments.generation.interactions import Director
 from deployments.generation.kv_cache import KVLayout, RollingKVCache
 from deployments.generation.rope import OffsetRope
 from deployments.generation.schedule import denoising_sigmas
-from deployments.generation.session import BlockMetadata, GeneratedBlock, SessionConfig, WorldSession
+from deployments.generation.session import (
+    BlockMetadata,
+    GeneratedBlock,
+    SessionConfig,
+    WorldSession,
+)
 from deployments.generation.text import PromptEncoder
-from deployments.generation.vae_stream import LatentNormalizer, StreamingDecoder, encode_image, to_uint8_frames
+from deployments.generation.vae_stream import (
+    LatentNormalizer,
+    StreamingDecoder,
+    encode_image,
+    to_uint8_frames,
+)
 
 
 def fit_image(image: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -39,6 +53,10 @@ def fit_image(image: np.ndarray, height: int, width: int) -> np.ndarray:
     top, left = (h - crop_h) // 2, (w - crop_w) // 2
     cropped = Image.fromarray(image[top : top + crop_h, left : left + crop_w])
     return np.asarray(cropped.resize((width, height), Image.Resampling.BICUBIC))
+
+
+class SessionCancelled(RuntimeError):
+    """A block was abandoned half-way because its session was cancelled."""
 
 
 class WorldModelEngine:
@@ -132,12 +150,14 @@ class WorldModelEngine:
             x = torch.randn(shape, generator=session.generator, device=self.device, dtype=torch.float32)
             sigmas = session.sigmas
             for i, sigma in enumerate(sigmas):
+                self._check_cancel(session)
                 v = self.forward(session, x, sigma, text, camera, cond)
                 x0 = x - sigma * v
                 if i + 1 < len(sigmas):
                     noise = torch.randn(shape, generator=session.generator, device=self.device, dtype=torch.float32)
                     x = (1.0 - sigmas[i + 1]) * x0 + sigmas[i + 1] * noise
             # One clean pass at t = 0 writes the block's K/V for the blocks after it.
+            self._check_cancel(session)
             self.forward(session, x0, 0.0, text, camera, cond, commit=True)
             session.kv.advance(shape[2])
             pixels = session.decoder.decode(self.normalizer.to_raw(x0).to(self.vae.dtype))
@@ -152,6 +172,12 @@ class WorldModelEngine:
         )
         session.block_index += 1
         return GeneratedBlock(frames=frames, metadata=meta)
+
+    @staticmethod
+    def _check_cancel(session: WorldSession) -> None:
+        # Between steps, so a dropped session frees the engine for the others within one forward.
+        if session.cancelled:
+            raise SessionCancelled(f"session {session.session_id} was cancelled")
 
     def _latent_shape(self, session: WorldSession) -> tuple[int, ...]:
         lh, lw = self.geometry.latent_size(session.config.height, session.config.width)

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from deployments.protocol.timeline import frames_for_blocks, frames_in_block
+
 AR_KEYS = ("num_frames_per_block", "sink_size", "sliding_window_num_frames")
 VAE_KEYS = ("scale_factor_temporal", "scale_factor_spatial")
 
@@ -35,14 +37,10 @@ class ARGeometry:
         return self.sink_size + self.sliding_window_num_frames
 
     def frames_in_block(self, block_index: int) -> int:
-        """Video frames one block decodes to: the very first latent frame gives one, later ones give `temporal` each."""
-        latent = self.num_frames_per_block
-        if block_index == 0:
-            return (latent - 1) * self.scale_factor_temporal + 1
-        return latent * self.scale_factor_temporal
+        return frames_in_block(block_index, self.num_frames_per_block, self.scale_factor_temporal)
 
     def frames_for_blocks(self, blocks: int) -> int:
-        return 0 if blocks <= 0 else (blocks * self.num_frames_per_block - 1) * self.scale_factor_temporal + 1
+        return frames_for_blocks(blocks, self.num_frames_per_block, self.scale_factor_temporal)
 
     def latent_size(self, height: int, width: int) -> tuple[int, int]:
         return height // self.scale_factor_spatial, width // self.scale_factor_spatial

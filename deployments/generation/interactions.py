@@ -5,9 +5,10 @@ condition linearly over `transition_chunks` blocks (0 = at once); a camera
 command moves the camera (`velocity`: a delta in the camera's own frame per
 latent frame until replaced; `target`: to an absolute pose over
 `transition_chunks` blocks); keyboard actions give one key set per latent frame
-and queue behind earlier ones. Each event is reported as started (first block
-it shapes), active (every block it shapes) and completed (the block where its
-last part took full effect, or where a later event replaced it).
+and queue behind earlier ones. Each event is reported as started (the first block
+it shapes: for actions queued behind others, the block where their first frame
+plays), active (every block it shapes) and completed (the block where its last
+part took full effect, or where a later event replaced it).
 
 Pure Python: no tensors, so the rules are easy to test and reuse.
 """
@@ -18,9 +19,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from deployments.generation.camera import KEYS, KeyMotion, Pose, quat_normalize
-
 import numpy as np
+
+from deployments.generation.camera import KEYS, KeyMotion, Pose, quat_normalize
 
 
 class InteractionRefused(ValueError):
@@ -113,6 +114,7 @@ class Director:
         self._camera: _Velocity | _Target | None = None
         self._actions: deque[_Actions] = deque()
         self._open_parts: dict[str, set[str]] = {}
+        self._started_ids: set[str] = set()  # reported as started, not yet completed
         self._seen_ids: OrderedDict[str, None] = OrderedDict()
         self._remembered_ids = remembered_ids
 
@@ -167,15 +169,22 @@ class Director:
             parts.discard(part)
             if not parts:
                 del self._open_parts[event_id]
+                self._started_ids.discard(event_id)
                 completed.append(event_id)
 
         def touch(event_id: str) -> None:
             if event_id not in touched:
                 touched.append(event_id)
 
+        def start(event_id: str) -> None:
+            if event_id not in self._started_ids:
+                self._started_ids.add(event_id)
+                started.append(event_id)
+            touch(event_id)
+
         for event in self._pending:
-            started.append(event.event_id)
-            touch(event.event_id)
+            if event.prompt is not None or event.camera is not None:
+                start(event.event_id)  # queued actions start when their first frame plays, below
             parts = self._open_parts.setdefault(event.event_id, set())
             if event.prompt is not None:
                 if self._blend is not None:
@@ -213,7 +222,7 @@ class Director:
         poses = []
         for _ in range(self.frames_per_block):
             self._step_camera(touch, finish)
-            self._step_actions(touch, finish)
+            self._step_actions(start, finish)
             poses.append(self.pose)
 
         return BlockPlan(
@@ -240,11 +249,11 @@ class Director:
             self._camera = None
             finish(cam.event_id, "camera")
 
-    def _step_actions(self, touch, finish) -> None:
+    def _step_actions(self, start, finish) -> None:
         if not self._actions:
             return
         head = self._actions[0]
-        touch(head.event_id)
+        start(head.event_id)
         self.pose = self.pose.compose(self.key_motion.delta(head.frames.popleft()))
         if not head.frames:
             self._actions.popleft()

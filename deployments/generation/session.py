@@ -66,6 +66,12 @@ class WorldSession:
     text_kv: dict = field(default_factory=dict)
     text_key: tuple | None = None
 
+    cancelled: bool = False  # set from another thread: the engine stops at its next step
+
+    def cancel(self) -> None:
+        """Ask a block in progress to stop at its next denoising step; the session is then only good for close()."""
+        self.cancelled = True
+
     def submit(self, interaction: Interaction) -> None:
         """Queue an interaction for the next block boundary; raises InteractionRefused with the reason."""
         if self.closed:

@@ -1,6 +1,8 @@
 """The ingress deployment: FastAPI routes, thin. Each WebSocket gets its own session object."""
 
 
+import os
+
 from fastapi import FastAPI, WebSocket
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -26,7 +28,7 @@ class VideoIngress:
 
     @app.get("/healthz")
     async def healthz(self) -> dict:
-        return {"status": "ok"}
+        return {"status": "ok", "pid": os.getpid()}
 
     @app.get("/v1/models")
     async def models(self) -> dict:

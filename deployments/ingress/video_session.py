@@ -146,6 +146,7 @@ class VideoSession:
                 replica_id=first.replica_id,
                 session_id=first.session_id,
                 seed=first.seed,
+                generation=self._generation_info(resolved),
             )
         )
         self._last_progress = time.monotonic()
@@ -164,6 +165,21 @@ class VideoSession:
             size_multiple=info["size_multiple"],
             image_conditioned=info["image_conditioned"],
         )
+
+    def _generation_info(self, resolved: "video.ResolvedStart") -> dict:
+        """What the session runs with, defaults included (additive to the contract): clients need the geometry."""
+        info = self.model_info
+        return {
+            "width": resolved.width,
+            "height": resolved.height,
+            "fps": resolved.fps,
+            "num_frames": resolved.num_frames,
+            "num_blocks": resolved.num_blocks,
+            "frames_per_block": info["frames_per_block"],
+            "scale_factor_temporal": info["temporal_factor"],
+            "pipeline_depth": info["pipeline_depth"],
+            "accepts_camera": info["accepts_camera"],
+        }
 
     async def _open(self, request: SessionRequest) -> SessionAccepted | SessionRefused:
         """Start the session's stream; a full replica refuses at once, so try another."""
@@ -235,6 +251,7 @@ class VideoSession:
                         started=list(item.started_event_ids),
                         active=list(item.active_event_ids),
                         completed=list(item.completed_event_ids),
+                        block_num_frames=item.block_frames,
                     ),
                     item.data,
                 )

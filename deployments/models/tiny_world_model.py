@@ -44,7 +44,13 @@ class TinyWorldModelSpec:
 
 def make_world_model(out_dir: str | os.PathLike, spec: TinyWorldModelSpec = TinyWorldModelSpec(), seed: int = 0) -> Path:
     """Write a tiny causal world model to `out_dir`, deterministically from `seed`."""
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline, WanPipeline, WanTransformer3DModel
+    from diffusers import (
+        AutoencoderKLWan,
+        FlowMatchEulerDiscreteScheduler,
+        WanImageToVideoPipeline,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
     from transformers import AutoTokenizer, UMT5Config, UMT5EncoderModel
 
     from deployments.generation.camera_adapter import CameraAdapter

@@ -23,10 +23,17 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from deployments.generation.camera import KEYS
 from deployments.generation.interactions import CameraCommand, Interaction
+from deployments.protocol import timeline
 from deployments.protocol.errors import (
     CLOSE_POLICY,
     CLOSE_TOO_BIG,
@@ -39,6 +46,7 @@ from deployments.protocol.errors import (
     UNKNOWN_TYPE,
     ProtocolError,
 )
+from deployments.protocol.keys import KEYS
 
 FORMAT = "m4s"
 IMAGE_MAX_PIXELS = 4096 * 4096  # a start image larger than this is refused before it is decoded
@@ -391,13 +399,10 @@ class GenerationDefaults:
     max_image_pixels: int = IMAGE_MAX_PIXELS
 
     def frames_for_blocks(self, blocks: int) -> int:
-        """Video frames `blocks` blocks decode to: the first latent frame gives 1, every later one `temporal_factor`."""
-        return 0 if blocks <= 0 else (blocks * self.frames_per_block - 1) * self.temporal_factor + 1
+        return timeline.frames_for_blocks(blocks, self.frames_per_block, self.temporal_factor)
 
     def blocks_for_frames(self, num_frames: int) -> int:
-        """The fewest whole blocks that give at least `num_frames` frames."""
-        latent = -(-(num_frames - 1) // self.temporal_factor) + 1
-        return max(1, -(-latent // self.frames_per_block))
+        return timeline.blocks_for_frames(num_frames, self.frames_per_block, self.temporal_factor)
 
 
 @dataclass(frozen=True)
@@ -714,8 +719,9 @@ def chunk_metadata(
     started: tuple[str, ...] | list[str] = (),
     active: tuple[str, ...] | list[str] = (),
     completed: tuple[str, ...] | list[str] = (),
+    **extra: Any,
 ) -> dict:
-    """Sent right before each binary frame; a trailer has no generation chunk index."""
+    """Sent right before each binary frame; a trailer has no generation chunk index. `extra`: additive fields."""
     if kind not in ("media", "trailer"):
         raise ValueError(f"kind must be 'media' or 'trailer', got {kind!r}")
     return {
@@ -729,6 +735,7 @@ def chunk_metadata(
         "started_event_ids": list(started),
         "active_event_ids": list(active),
         "completed_event_ids": list(completed),
+        **extra,
     }
 
 

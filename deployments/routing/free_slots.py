@@ -11,7 +11,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
+from ray.serve.request_router import (
+    PendingRequest,
+    ReplicaID,
+    ReplicaResult,
+    RequestRouter,
+    RunningReplica,
+)
 
 SESSION_METHOD = "run_session"
 

@@ -47,6 +47,7 @@ class MediaChunk:
     data: bytes
     num_frames: int
     block_index: int
+    block_frames: int = 0  # frames the block generated (its last one leaves with the next chunk)
     started_event_ids: tuple[str, ...] = ()
     active_event_ids: tuple[str, ...] = ()
     completed_event_ids: tuple[str, ...] = ()

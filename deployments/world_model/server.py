@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -31,6 +32,10 @@ from deployments.world_model.messages import (
 )
 
 logger = logging.getLogger("ray.serve")
+
+# Block k+1 starts before chunk k is encoded and sent, so an interaction sent on
+# receiving chunk k first shapes block k+2: the client sees a one-block pipeline.
+PIPELINE_DEPTH = 1
 
 
 class WorldModelServer:
@@ -74,12 +79,14 @@ class WorldModelServer:
             "size_multiple": g.size_multiple,
             "image_conditioned": self.engine.image_conditioned,
             "accepts_camera": self.engine.accepts_camera,
+            "pipeline_depth": PIPELINE_DEPTH,
         }
 
     async def stats(self) -> dict:
         """For tests and operators: what this replica holds right now."""
         return {
             "replica_id": self.replica_id,
+            "pid": os.getpid(),
             "capacity": self.capacity,
             "sessions": sorted(self._sessions),
             "mailbox_sessions": await self.mailbox.sessions.remote(),
@@ -138,7 +145,8 @@ class WorldModelServer:
             while generating is not None:
                 for failure in step.failures:
                     yield failure
-                block = await generating
+                # Shielded: a cancelled stream must not orphan the engine thread that holds the session.
+                block = await asyncio.shield(generating)
                 blocks += 1
                 frames += block.metadata.num_frames
                 # Start the next block before encoding this one: encoding runs beside the denoising.
@@ -150,6 +158,7 @@ class WorldModelServer:
                     piece.data,
                     piece.num_frames,
                     meta.block_index,
+                    meta.num_frames,
                     meta.started_event_ids,
                     meta.active_event_ids,
                     meta.completed_event_ids,
@@ -157,6 +166,7 @@ class WorldModelServer:
             for failure in step.failures:
                 yield failure
             reason = step.reason
+            logger.info("session %s ended: %s after %d blocks", sid, reason, blocks)
             if reason == "lease_expired":
                 return
             tail = await encoder.close()
@@ -164,8 +174,10 @@ class WorldModelServer:
             yield SessionEnded(stopped=reason == "stopped", reason=reason, blocks=blocks, frames=frames)
         finally:
             if generating is not None and not generating.done():
-                # The engine thread still holds the session's tensors: let it finish first.
+                # The engine thread still holds the session's tensors: stop it at its next step, then wait.
+                session.cancel()
                 await asyncio.wait([generating])
+                generating.exception()  # retrieved: SessionCancelled is the expected outcome
             if encoder is not None:
                 encoder.shutdown()
             if session is not None:

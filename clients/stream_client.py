@@ -1,0 +1,947 @@
+"""An asyncio client for `WS /v1/realtime/video` (PROTOCOL.md section 1), on the `websockets` package.
+
+Reusable by the CLI (`rtv generate`, `rtv rollout --url`), by tests, and by
+later tools (web tests, load benchmarks). No numpy, no PyAV, no torch here.
+
+    async with VideoStreamClient("ws://127.0.0.1:8000") as client:
+        start = await client.start("a red room", blocks=3, seed=1)
+        async for event in client.events():
+            if isinstance(event, VideoChunk) and event.generation_chunk_index == 0:
+                await client.interact(prompt="a snowy forest", transition_chunks=1)
+        result = client.result()          # SessionResult: every chunk, queued ack, error, done
+
+or, all at once, `await stream_session(url, "a red room", blocks=3)`.
+
+Wire rules the client enforces (each violation raises `StreamProtocolError`):
+a binary frame must come right after its `video.chunk_metadata` (no binary
+without metadata, no text message in between), and its length must equal the
+metadata's `byte_length`.
+
+Times (`received_at`) are seconds since `session.start` was sent, from
+`time.perf_counter()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+from deployments.protocol.keys import KEYS
+from deployments.protocol.timeline import (
+    FRAMES_PER_BLOCK,
+    TEMPORAL_FACTOR,
+    frames_for_blocks,
+    frames_in_block,
+)
+
+PATH = "/v1/realtime/video"
+FORMAT = "m4s"
+
+
+_IMAGE_TYPES = {  # magic bytes -> media type of the data URL
+    b"\x89PNG\r\n\x1a\n": "image/png",
+    b"\xff\xd8\xff": "image/jpeg",
+}
+
+
+# =====================================================================================
+# Errors
+# =====================================================================================
+class StreamClientError(Exception):
+    """Base class of everything this module raises on purpose; the message is one line for people."""
+
+
+class StreamInputError(StreamClientError, ValueError):
+    """A bad argument (missing image file, blank prompt, bad key...), found before anything is sent."""
+
+
+class StreamConnectionError(StreamClientError):
+    """The server could not be reached, or refused the WebSocket handshake."""
+
+
+class StreamProtocolError(StreamClientError):
+    """The server broke the wire contract (binary without metadata, wrong byte_length, bad JSON...)."""
+
+
+class SessionEndedError(StreamClientError):
+    """The session ended before `video.start` (the server sent an error and/or closed)."""
+
+    def __init__(self, message: str, error: "ServerError | None" = None, close_code: int | None = None) -> None:
+        super().__init__(message)
+        self.error = error
+        self.close_code = close_code
+
+
+# =====================================================================================
+# What the server sends, typed
+# =====================================================================================
+@dataclass(frozen=True)
+class VideoStart:
+    request_id: str
+    format: str
+    config: dict
+    received_at: float
+    replica_id: str | None = None  # extension fields our server adds
+    session_id: str | None = None
+    seed: int | None = None
+    frames_per_block: int = FRAMES_PER_BLOCK  # from video.start when it carries them, else the defaults
+    temporal_factor: int = TEMPORAL_FACTOR
+    geometry_from_server: bool = False
+    # Blocks the server has already started when it sends a chunk: an interaction meant for block k
+    # must leave once chunk k - 1 - pipeline_depth has arrived.
+    pipeline_depth: int = 0
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def frames_for_blocks(self, blocks: int) -> int:
+        return frames_for_blocks(blocks, self.frames_per_block, self.temporal_factor)
+
+    def frames_in_block(self, index: int) -> int:
+        return frames_in_block(index, self.frames_per_block, self.temporal_factor)
+
+
+@dataclass(frozen=True)
+class ChunkMetadata:
+    request_id: str
+    kind: str  # "media" or "trailer"
+    num_frames: int
+    byte_length: int
+    transport_chunk_index: int
+    generation_chunk_index: int | None
+    started_event_ids: tuple[str, ...] = ()
+    active_event_ids: tuple[str, ...] = ()
+    completed_event_ids: tuple[str, ...] = ()
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class VideoChunk:
+    """One binary frame of fragmented MP4 and the `video.chunk_metadata` sent right before it."""
+
+    metadata: ChunkMetadata
+    data: bytes = field(repr=False)
+    received_at: float  # when the binary frame arrived
+    latency_seconds: float  # since the previous binary frame (the first: since session.start was sent)
+
+    @property
+    def kind(self) -> str:
+        return self.metadata.kind
+
+    @property
+    def is_trailer(self) -> bool:
+        return self.metadata.kind == "trailer"
+
+    @property
+    def num_frames(self) -> int:
+        return self.metadata.num_frames
+
+    @property
+    def generation_chunk_index(self) -> int | None:
+        return self.metadata.generation_chunk_index
+
+    @property
+    def transport_chunk_index(self) -> int:
+        return self.metadata.transport_chunk_index
+
+    def summary(self) -> dict:
+        """JSON-ready description (no bytes)."""
+        m = self.metadata
+        return {
+            "transport_chunk_index": m.transport_chunk_index,
+            "generation_chunk_index": m.generation_chunk_index,
+            "kind": m.kind,
+            "num_frames": m.num_frames,
+            "byte_length": m.byte_length,
+            "received_at_seconds": self.received_at,
+            "latency_seconds": self.latency_seconds,
+            "started_event_ids": list(m.started_event_ids),
+            "active_event_ids": list(m.active_event_ids),
+            "completed_event_ids": list(m.completed_event_ids),
+        }
+
+
+@dataclass(frozen=True)
+class InteractionQueued:
+    request_id: str | None
+    event_id: str
+    received_at: float
+
+
+@dataclass(frozen=True)
+class ServerError:
+    message: str
+    code: str | None
+    received_at: float
+    request_id: str | None = None
+    event_id: str | None = None
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __str__(self) -> str:
+        extra = f" [{self.code}]" if self.code else ""
+        if self.event_id:
+            extra += f" (event {self.event_id})"
+        return f"{self.message}{extra}"
+
+    def summary(self) -> dict:
+        return {k: v for k, v in self.raw.items() if k != "type"} | {"received_at_seconds": self.received_at}
+
+
+@dataclass(frozen=True)
+class SessionDone:
+    request_id: str | None
+    chunks: int
+    stopped: bool
+    received_at: float
+
+
+@dataclass(frozen=True)
+class Pong:
+    received_at: float
+
+
+@dataclass(frozen=True)
+class UnknownMessage:
+    """A message type this client does not know (the contract lets servers add types; clients ignore them)."""
+
+    type: str | None
+    raw: dict
+    received_at: float
+
+
+Event = Union[VideoStart, VideoChunk, InteractionQueued, ServerError, SessionDone, Pong, UnknownMessage]
+
+
+@dataclass
+class SentInteraction:
+    event_id: str
+    message: dict
+    sent_at: float
+
+
+@dataclass
+class SessionResult:
+    """Everything one session produced, in arrival order within each list."""
+
+    url: str
+    start: VideoStart | None = None
+    chunks: list[VideoChunk] = field(default_factory=list)
+    queued: list[InteractionQueued] = field(default_factory=list)
+    errors: list[ServerError] = field(default_factory=list)
+    pongs: list[Pong] = field(default_factory=list)
+    unknown: list[UnknownMessage] = field(default_factory=list)
+    sent_interactions: list[SentInteraction] = field(default_factory=list)
+    done: SessionDone | None = None
+    close_code: int | None = None
+    close_reason: str | None = None
+    last_message: Event | None = None  # the last server message of the session
+    started_at_wall: float | None = None  # time.time() when session.start was sent
+    ended_at: float | None = None  # seconds since session.start, when the session ended on our side
+
+    @property
+    def request_id(self) -> str | None:
+        return self.start.request_id if self.start else None
+
+    @property
+    def media_chunks(self) -> list[VideoChunk]:
+        return [c for c in self.chunks if c.kind == "media"]
+
+    @property
+    def trailer(self) -> VideoChunk | None:
+        return next((c for c in self.chunks if c.is_trailer), None)
+
+    @property
+    def media(self) -> bytes:
+        """The concatenated fragmented MP4: init segment, fragments, trailer."""
+        return b"".join(c.data for c in self.chunks)
+
+    @property
+    def num_frames(self) -> int:
+        """Frames the server says it delivered (sum of every chunk's num_frames, trailer included)."""
+        return sum(c.num_frames for c in self.chunks)
+
+    @property
+    def time_to_first_frame(self) -> float | None:
+        """Seconds from sending session.start to the first binary frame that completes a frame."""
+        return next((c.received_at for c in self.chunks if c.num_frames > 0), None)
+
+    @property
+    def ok(self) -> bool:
+        """True when the session ended with `session.done` (errors along the way, such as a refused
+        interaction, do not end a session)."""
+        return self.done is not None
+
+    @property
+    def ended_with_error(self) -> bool:
+        return self.done is None
+
+    def failure(self) -> str | None:
+        """One line saying why the session failed, or None when it ended with `session.done`."""
+        if self.done is not None:
+            return None
+        code = ""
+        if self.close_code is not None:
+            code = f" (close code {self.close_code}{': ' + self.close_reason if self.close_reason else ''})"
+        if self.errors:
+            return f"session ended with server error: {self.errors[-1]}{code}"
+        return f"connection closed before session.done{code}"
+
+    def started_block(self, event_id: str) -> int | None:
+        """The generation_chunk_index of the first media chunk whose metadata lists `event_id` as started."""
+        for chunk in self.media_chunks:
+            if event_id in chunk.metadata.started_event_ids:
+                return chunk.generation_chunk_index
+        return None
+
+    def completed_block(self, event_id: str) -> int | None:
+        for chunk in self.media_chunks:
+            if event_id in chunk.metadata.completed_event_ids:
+                return chunk.generation_chunk_index
+        return None
+
+    def summary(self) -> dict:
+        """JSON-ready description of the session (no media bytes)."""
+        start = self.start
+        return {
+            "url": self.url,
+            "request_id": self.request_id,
+            "replica_id": start.replica_id if start else None,
+            "session_id": start.session_id if start else None,
+            "seed": start.seed if start else None,
+            "config": start.config if start else None,
+            "chunks": [c.summary() for c in self.chunks],
+            "num_chunks": len(self.chunks),
+            "frames": self.num_frames,
+            "bytes": sum(len(c.data) for c in self.chunks),
+            "time_to_first_frame_seconds": self.time_to_first_frame,
+            "total_seconds": self.ended_at,
+            "interactions": [
+                {
+                    "event_id": s.event_id,
+                    "sent_at_seconds": s.sent_at,
+                    "queued": any(q.event_id == s.event_id for q in self.queued),
+                    "started_block": self.started_block(s.event_id),
+                    "completed_block": self.completed_block(s.event_id),
+                }
+                for s in self.sent_interactions
+            ],
+            "queued_event_ids": [q.event_id for q in self.queued],
+            "errors": [e.summary() for e in self.errors],
+            "done": None if self.done is None else {"chunks": self.done.chunks, "stopped": self.done.stopped},
+            "close_code": self.close_code,
+            "close_reason": self.close_reason or None,
+            "ok": self.ok,
+        }
+
+
+# =====================================================================================
+# Helpers (pure)
+# =====================================================================================
+def image_data_url(path: str | os.PathLike) -> str:
+    """An image file as a `data:image/...;base64,` URL: PNG and JPEG as they are, anything else
+    Pillow reads re-encoded as PNG; raises StreamInputError."""
+    p = Path(path)
+    if not p.is_file():
+        raise StreamInputError(f"image file {p} does not exist")
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise StreamInputError(f"cannot read image {p}: {' '.join(str(exc).split())}") from None
+    try:
+        return image_bytes_data_url(data, source=str(p))
+    except StreamInputError:
+        pass
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            out = io.BytesIO()
+            img.convert("RGB").save(out, format="PNG")
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise StreamInputError(f"cannot read image {p}: {' '.join(str(exc).split())}") from None
+    return image_bytes_data_url(out.getvalue(), source=str(p))
+
+
+def image_bytes_data_url(data: bytes, source: str = "image") -> str:
+    """PNG / JPEG bytes as a data URL (the type is read off the magic bytes, not a file name)."""
+    for magic, media_type in _IMAGE_TYPES.items():
+        if data.startswith(magic):
+            return f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"
+    raise StreamInputError(f"{source} is not a PNG or JPEG file")
+
+
+def image_reference(path_or_url: str | os.PathLike) -> dict:
+    """`{"image_url": data URL}` for session.start; a `data:` URL is passed through as is."""
+    if isinstance(path_or_url, str) and path_or_url.startswith("data:"):
+        return {"image_url": path_or_url}
+    return {"image_url": image_data_url(path_or_url)}
+
+
+def video_url(url: str) -> str:
+    """`ws://host:port` (or http://, or a full endpoint URL) -> the `/v1/realtime/video` endpoint URL."""
+    if not isinstance(url, str) or not url.strip():
+        raise StreamInputError("the server URL must be a non-empty string like ws://127.0.0.1:8000")
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise StreamInputError(f"server URL {url!r} has no scheme: use ws://HOST:PORT (or wss://)")
+    scheme = scheme.lower()
+    scheme = {"http": "ws", "https": "wss"}.get(scheme, scheme)
+    if scheme not in ("ws", "wss"):
+        raise StreamInputError(f"server URL {url!r}: scheme must be ws:// or wss://")
+    host, slash, path = rest.partition("/")
+    if not host:
+        raise StreamInputError(f"server URL {url!r} has no host")
+    path = "/" + path if slash else ""
+    if path in ("", "/"):
+        path = PATH
+    return f"{scheme}://{host}{path}"
+
+
+def check_actions(actions: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Per-latent-frame key lists, as JSON lists; raises StreamInputError on an unknown key."""
+    if isinstance(actions, (str, bytes)) or not isinstance(actions, Sequence) or not actions:
+        raise StreamInputError("actions must be a non-empty list of per-latent-frame key lists")
+    out = []
+    for i, frame in enumerate(actions):
+        if isinstance(frame, (str, bytes)) or not isinstance(frame, Sequence):
+            raise StreamInputError(f"actions[{i}] must be a list of keys")
+        for key in frame:
+            if key not in KEYS:
+                raise StreamInputError(f"actions[{i}] has unknown key {key!r}; keys are {' '.join(sorted(KEYS))}")
+        out.append(list(frame))
+    return out
+
+
+def session_start_message(
+    prompt: str,
+    *,
+    image: str | os.PathLike | None = None,
+    image_reference_url: str | None = None,
+    num_frames: int | None = None,
+    blocks: int | None = None,
+    seed: int | None = None,
+    size: str | None = None,
+    width: int | None = None,
+    height: int | None = None,
+    frames_per_block: int = FRAMES_PER_BLOCK,
+    temporal_factor: int = TEMPORAL_FACTOR,
+    extra: dict | None = None,
+) -> dict:
+    """Build a `session.start` message; only the fields given are set (the server's defaults apply to the rest).
+
+    `blocks` is turned into `num_frames` with the given geometry. `image` is a
+    PNG/JPEG file path (or a data URL); `extra` adds any other fields
+    (`fps`, `num_inference_steps`, `extra_params`, ...) and wins over the rest.
+    Raises StreamInputError.
+    """
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise StreamInputError("prompt must be a non-blank string")
+    message: dict[str, Any] = {"type": "session.start", "prompt": prompt}
+    if num_frames is not None and blocks is not None:
+        raise StreamInputError("give num_frames or blocks, not both")
+    if blocks is not None:
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+            raise StreamInputError(f"blocks must be a positive integer, got {blocks!r}")
+        num_frames = frames_for_blocks(blocks, frames_per_block, temporal_factor)
+    if num_frames is not None:
+        if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 1:
+            raise StreamInputError(f"num_frames must be a positive integer, got {num_frames!r}")
+        message["num_frames"] = num_frames
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise StreamInputError(f"seed must be a non-negative integer, got {seed!r}")
+        message["seed"] = seed
+    if size is not None:
+        message["size"] = size
+    if (width is None) != (height is None):
+        raise StreamInputError("width and height must be given together")
+    if width is not None:
+        for name, value in (("width", width), ("height", height)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise StreamInputError(f"{name} must be a positive integer, got {value!r}")
+        message["width"], message["height"] = width, height
+    if image is not None and image_reference_url is not None:
+        raise StreamInputError("give image or image_reference_url, not both")
+    if image is not None:
+        message["image_reference"] = image_reference(image)
+    elif image_reference_url is not None:
+        message["image_reference"] = {"image_url": image_reference_url}
+    if extra:
+        message.update({k: v for k, v in extra.items() if k != "type"})
+    return message
+
+
+def interaction_message(
+    *,
+    event_id: str | None = None,
+    prompt: str | None = None,
+    transition_chunks: int | None = None,
+    camera: dict | None = None,
+    actions: Sequence[Sequence[str]] | None = None,
+) -> dict:
+    """Build a `session.interaction`. A missing `event_id` gets a fresh uuid4 hex here (so the
+    caller knows it). `camera` is `{"mode": "target"|"velocity", "data": {"translation": [...], "rotation": [...]}}`;
+    `actions` one list of keys per latent frame. Raises StreamInputError."""
+    if prompt is None and camera is None and actions is None:
+        raise StreamInputError("an interaction needs a prompt, a camera command or actions")
+    if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
+        raise StreamInputError("interaction prompt must be a non-blank string")
+    if event_id is None:
+        event_id = uuid.uuid4().hex
+    elif not isinstance(event_id, str) or not event_id:
+        raise StreamInputError("event_id must be a non-empty string")
+    event: dict[str, Any] = {}
+    if prompt is not None:
+        event["prompt"] = prompt
+    media: dict[str, Any] = {}
+    if camera is not None:
+        if not isinstance(camera, dict) or camera.get("mode") not in ("target", "velocity"):
+            raise StreamInputError('camera must be {"mode": "target"|"velocity", "data": {"translation": [x, y, z], "rotation": [x, y, z, w]}}')
+        media["camera"] = camera
+    if actions is not None:
+        media["actions"] = check_actions(actions)
+    if media:
+        event["multi_modal_data"] = media
+    body: dict[str, Any] = {"event_id": event_id, "event": event}
+    if transition_chunks is not None:
+        if isinstance(transition_chunks, bool) or not isinstance(transition_chunks, int) or transition_chunks < 0:
+            raise StreamInputError(f"transition_chunks must be an integer >= 0, got {transition_chunks!r}")
+        body["transition_chunks"] = transition_chunks
+    return {"type": "session.interaction", "interaction": body}
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def parse_video_start(data: dict, received_at: float) -> VideoStart:
+    """`video.start` -> VideoStart. Geometry (latent frames per block, temporal factor, pipeline depth)
+    is read from the `generation` object our server adds; other servers get the defaults."""
+    if not isinstance(data.get("request_id"), str):
+        raise StreamProtocolError(f"video.start without a request_id string: {_short(data)}")
+    config = data.get("config") if isinstance(data.get("config"), dict) else {}
+    generation = data.get("generation") if isinstance(data.get("generation"), dict) else {}
+    fpb = _positive_int(generation.get("frames_per_block"))
+    tf = _positive_int(generation.get("scale_factor_temporal"))
+    depth = generation.get("pipeline_depth")
+    seed = data.get("seed")
+    return VideoStart(
+        request_id=data["request_id"],
+        format=data.get("format", FORMAT),
+        config=config,
+        received_at=received_at,
+        replica_id=data.get("replica_id"),
+        session_id=data.get("session_id"),
+        seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
+        frames_per_block=fpb or FRAMES_PER_BLOCK,
+        temporal_factor=tf or TEMPORAL_FACTOR,
+        geometry_from_server=bool(fpb and tf),
+        pipeline_depth=depth if isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0 else 0,
+        raw=data,
+    )
+
+
+def parse_chunk_metadata(data: dict) -> ChunkMetadata:
+    def ids(name: str) -> tuple[str, ...]:
+        value = data.get(name) or []
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            raise StreamProtocolError(f"video.chunk_metadata {name} must be a list of strings: {_short(data)}")
+        return tuple(value)
+
+    kind = data.get("kind")
+    if kind not in ("media", "trailer"):
+        raise StreamProtocolError(f"video.chunk_metadata kind must be 'media' or 'trailer', got {kind!r}")
+    for name in ("num_frames", "byte_length", "transport_chunk_index"):
+        value = data.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise StreamProtocolError(f"video.chunk_metadata {name} must be a non-negative integer, got {value!r}")
+    gen = data.get("generation_chunk_index")
+    if gen is not None and (isinstance(gen, bool) or not isinstance(gen, int)):
+        raise StreamProtocolError(f"video.chunk_metadata generation_chunk_index must be an integer or null, got {gen!r}")
+    return ChunkMetadata(
+        request_id=data.get("request_id"),
+        kind=kind,
+        num_frames=data["num_frames"],
+        byte_length=data["byte_length"],
+        transport_chunk_index=data["transport_chunk_index"],
+        generation_chunk_index=gen,
+        started_event_ids=ids("started_event_ids"),
+        active_event_ids=ids("active_event_ids"),
+        completed_event_ids=ids("completed_event_ids"),
+        raw=data,
+    )
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+# =====================================================================================
+# The client
+# =====================================================================================
+class VideoStreamClient:
+    """One WebSocket session of `/v1/realtime/video`.
+
+    Lifecycle: `connect()` (or `async with`), `start(...)` -> VideoStart, then
+    iterate `events()` until it ends (after `session.done`, or when the server
+    closes). Send `interact(...)`, `stop()`, `ping()`, `playback(...)` at any
+    time, from the consuming loop or another task. Everything received is also
+    collected in `result()`.
+
+    `url` may be `ws://HOST:PORT` (the endpoint path is added) or the full
+    endpoint URL.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        open_timeout: float = 10.0,
+        max_size: int | None = None,
+        ping_interval: float | None = 20.0,
+        ping_timeout: float | None = 60.0,
+        close_timeout: float = 5.0,
+        additional_headers: dict | None = None,
+    ) -> None:
+        self.url = video_url(url)
+        self.open_timeout = open_timeout
+        self._connect_kwargs = dict(
+            max_size=max_size,
+            ping_interval=ping_interval,
+            ping_timeout=ping_timeout,
+            close_timeout=close_timeout,
+            additional_headers=additional_headers,
+            open_timeout=open_timeout,
+        )
+        self._ws = None
+        self._t0: float | None = None
+        self._result = SessionResult(url=self.url)
+        self._finished = False
+        self._last_binary_at: float | None = None
+        self._pending: ChunkMetadata | None = None  # metadata waiting for its binary frame
+        self._send_lock = asyncio.Lock()
+
+    # -- connection ---------------------------------------------------------------
+    async def connect(self) -> "VideoStreamClient":
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import InvalidHandshake, InvalidURI
+
+        try:
+            self._ws = await connect(self.url, **self._connect_kwargs)
+        except InvalidURI as exc:
+            raise StreamInputError(f"invalid server URL {self.url}: {_one_line(exc)}") from None
+        except InvalidHandshake as exc:
+            raise StreamConnectionError(f"cannot open {self.url}: handshake refused: {_one_line(exc)}") from None
+        except (TimeoutError, asyncio.TimeoutError):
+            raise StreamConnectionError(f"cannot connect to {self.url}: timed out after {self.open_timeout:g}s") from None
+        except ConnectionRefusedError:
+            raise StreamConnectionError(f"cannot connect to {self.url}: connection refused (is the server running?)") from None
+        except OSError as exc:
+            reason = exc.strerror or _one_line(exc) or type(exc).__name__
+            if "Connect call failed" in reason:
+                reason = "connection refused (is the server running?)"
+            raise StreamConnectionError(f"cannot connect to {self.url}: {_one_line(reason)}") from None
+        return self
+
+    async def close(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            try:
+                await ws.close()
+            except Exception:  # already gone
+                pass
+            self._note_close(ws)
+
+    async def __aenter__(self) -> "VideoStreamClient":
+        if self._ws is None:
+            await self.connect()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    @property
+    def connection(self):
+        """The underlying `websockets` connection (for tests that need raw access)."""
+        return self._ws
+
+    def elapsed(self) -> float:
+        """Seconds since session.start was sent (0 before)."""
+        return 0.0 if self._t0 is None else time.perf_counter() - self._t0
+
+    def result(self) -> SessionResult:
+        return self._result
+
+    # -- sending ---------------------------------------------------------------------
+    async def send_json(self, message: dict) -> None:
+        if self._ws is None:
+            raise StreamClientError("not connected")
+        async with self._send_lock:
+            await self._ws.send(json.dumps(message))
+
+    async def send_raw(self, data: str | bytes) -> None:
+        """Send anything (tests of malformed input)."""
+        if self._ws is None:
+            raise StreamClientError("not connected")
+        async with self._send_lock:
+            await self._ws.send(data)
+
+    async def start(
+        self,
+        prompt: str | None = None,
+        *,
+        message: dict | None = None,
+        wait: bool = True,
+        **fields: Any,
+    ) -> VideoStart | None:
+        """Send `session.start` (built by `session_start_message(prompt, **fields)`, or `message` as is)
+        and, when `wait`, read up to `video.start`.
+
+        Raises SessionEndedError when the server answers with an error / closes instead.
+        Messages other than `video.start` that arrive first are collected in the result.
+        """
+        if message is None:
+            message = session_start_message(prompt, **fields)
+        elif prompt is not None or fields:
+            raise StreamInputError("give either message or prompt/fields")
+        if self._ws is None:
+            await self.connect()
+        self._t0 = time.perf_counter()
+        self._result.started_at_wall = time.time()
+        await self.send_json(message)
+        if not wait:
+            return None
+        while (event := await self.next_event()) is not None:
+            if isinstance(event, VideoStart):
+                return event
+        # events() ended without video.start
+        error = self._result.errors[-1] if self._result.errors else None
+        if error is not None:
+            raise SessionEndedError(f"server refused the session: {error}", error, self._result.close_code)
+        code = self._result.close_code
+        raise SessionEndedError(f"server closed the connection before video.start (close code {code})", None, code)
+
+    async def interact(
+        self,
+        *,
+        event_id: str | None = None,
+        prompt: str | None = None,
+        transition_chunks: int | None = None,
+        camera: dict | None = None,
+        actions: Sequence[Sequence[str]] | None = None,
+    ) -> str:
+        """Send a `session.interaction`; returns its event_id (generated here when not given)."""
+        message = interaction_message(
+            event_id=event_id, prompt=prompt, transition_chunks=transition_chunks, camera=camera, actions=actions
+        )
+        await self.send_interaction_message(message)
+        return message["interaction"]["event_id"]
+
+    async def send_interaction_message(self, message: dict) -> None:
+        body = message.get("interaction") if isinstance(message.get("interaction"), dict) else {}
+        event_id = body.get("event_id") if isinstance(body.get("event_id"), str) else ""
+        self._result.sent_interactions.append(SentInteraction(event_id, message, self.elapsed()))
+        await self.send_json(message)
+
+    async def stop(self) -> None:
+        await self.send_json({"type": "session.stop"})
+
+    async def ping(self) -> None:
+        await self.send_json({"type": "session.ping"})
+
+    async def playback(self, position_seconds: float) -> None:
+        await self.send_json({"type": "session.playback", "position_seconds": position_seconds})
+
+    # -- receiving ----------------------------------------------------------------------
+    async def events(self, timeout: float | None = None) -> AsyncIterator[Event]:
+        """Server messages as typed events, until `session.done` (yielded last) or the connection closes.
+
+        A binary frame is yielded as the VideoChunk of the metadata before it.
+        `timeout` bounds the wait for each message (TimeoutError when it passes).
+        Raises StreamProtocolError on a wire-contract violation. Breaking out and
+        calling it again later loses nothing.
+        """
+        while True:
+            event = await self.next_event(timeout)
+            if event is None:
+                return
+            yield event
+
+    async def next_event(self, timeout: float | None = None) -> Event | None:
+        """The next server message as a typed event; None once the session is over
+        (after `session.done`, or the connection closed)."""
+        from websockets.exceptions import ConnectionClosed
+
+        if self._ws is None:
+            raise StreamClientError("not connected")
+        while not self._finished:
+            try:
+                if timeout is None:
+                    raw = await self._ws.recv()
+                else:
+                    raw = await asyncio.wait_for(self._ws.recv(), timeout)
+            except ConnectionClosed:
+                self._finish()
+                pending, self._pending = self._pending, None
+                if pending is not None:
+                    raise StreamProtocolError(
+                        f"connection closed after video.chunk_metadata (transport_chunk_index {pending.transport_chunk_index}) "
+                        "but before its binary frame"
+                    ) from None
+                return None
+            now = self.elapsed()
+            if isinstance(raw, (bytes, bytearray, memoryview)):
+                return self._on_binary(bytes(raw), now)
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                raise StreamProtocolError(f"server sent a text message that is not JSON: {_short(raw)}") from None
+            if not isinstance(data, dict):
+                raise StreamProtocolError(f"server sent a JSON {type(data).__name__}, not an object: {_short(raw)}")
+            kind = data.get("type")
+            if self._pending is not None:
+                raise StreamProtocolError(
+                    f"video.chunk_metadata (transport_chunk_index {self._pending.transport_chunk_index}) was followed by "
+                    f"a {_short(str(kind), 60)!r} message instead of its binary frame"
+                )
+            if kind == "video.chunk_metadata":
+                metadata = parse_chunk_metadata(data)
+                expected = len(self._result.chunks)
+                if metadata.transport_chunk_index != expected:
+                    raise StreamProtocolError(
+                        f"video.chunk_metadata transport_chunk_index {metadata.transport_chunk_index}, expected {expected} "
+                        "(the count of binary frames sent before it)"
+                    )
+                self._pending = metadata
+                continue
+            event = self._typed(kind, data, now)
+            self._result.last_message = event
+            if isinstance(event, SessionDone):
+                self._finish()
+            return event
+        return None
+
+    def _on_binary(self, data: bytes, now: float) -> VideoChunk:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            raise StreamProtocolError(f"binary frame of {len(data)} bytes arrived without a video.chunk_metadata right before it")
+        if len(data) != pending.byte_length:
+            raise StreamProtocolError(
+                f"binary frame of transport chunk {pending.transport_chunk_index} has {len(data)} bytes, "
+                f"but its video.chunk_metadata says byte_length {pending.byte_length}"
+            )
+        previous = self._last_binary_at if self._last_binary_at is not None else 0.0
+        self._last_binary_at = now
+        chunk = VideoChunk(pending, data, now, now - previous)
+        self._result.chunks.append(chunk)
+        self._result.last_message = chunk
+        return chunk
+
+    def _typed(self, kind: Any, data: dict, now: float) -> Event:
+        r = self._result
+        if kind == "video.start":
+            start = parse_video_start(data, now)
+            r.start = start
+            return start
+        if kind == "session.interaction.queued":
+            event = InteractionQueued(data.get("request_id"), str(data.get("event_id")), now)
+            r.queued.append(event)
+            return event
+        if kind == "error":
+            message = data.get("message")
+            event = ServerError(
+                message=message if isinstance(message, str) else _short(data),
+                code=data.get("code") if isinstance(data.get("code"), str) else None,
+                received_at=now,
+                request_id=data.get("request_id"),
+                event_id=data.get("event_id"),
+                raw=data,
+            )
+            r.errors.append(event)
+            return event
+        if kind == "session.done":
+            chunks = data.get("chunks")
+            done = SessionDone(data.get("request_id"), chunks if isinstance(chunks, int) else -1, bool(data.get("stopped")), now)
+            r.done = done
+            return done
+        if kind == "session.pong":
+            pong = Pong(now)
+            r.pongs.append(pong)
+            return pong
+        unknown = UnknownMessage(kind if isinstance(kind, str) else None, data, now)
+        r.unknown.append(unknown)
+        return unknown
+
+    def _finish(self) -> None:
+        self._finished = True
+        self._result.ended_at = self.elapsed()
+        if self._ws is not None:
+            self._note_close(self._ws)
+
+    def _note_close(self, ws) -> None:
+        code = getattr(ws, "close_code", None)
+        if code is not None and self._result.close_code is None:
+            self._result.close_code = code
+            self._result.close_reason = getattr(ws, "close_reason", None) or None
+
+    @property
+    def finished(self) -> bool:
+        """True once `session.done` arrived or the connection closed."""
+        return self._finished
+
+    async def wait_closed(self, timeout: float = 5.0) -> None:
+        """After session.done: wait for the server's close frame, noting its code."""
+        if self._ws is None:
+            return
+        try:
+            await asyncio.wait_for(self._ws.wait_closed(), timeout)
+        except (TimeoutError, asyncio.TimeoutError):
+            pass
+        self._note_close(self._ws)
+
+
+async def stream_session(
+    url: str,
+    prompt: str | None = None,
+    *,
+    message: dict | None = None,
+    on_event: Callable[[VideoStreamClient, Event], Awaitable[None] | None] | None = None,
+    open_timeout: float = 10.0,
+    event_timeout: float | None = None,
+    **fields: Any,
+) -> SessionResult:
+    """Run one whole session and return its SessionResult.
+
+    `on_event(client, event)` (sync or async) sees every event, `video.start`
+    included, and may send interactions / stop through `client`. A refused
+    session (error before `video.start`) raises SessionEndedError; a session
+    that fails later is returned with `result.ok` False.
+    """
+    async with VideoStreamClient(url, open_timeout=open_timeout) as client:
+        start = await client.start(prompt, message=message, **fields)
+        if on_event is not None:
+            out = on_event(client, start)
+            if asyncio.iscoroutine(out):
+                await out
+        async for event in client.events(timeout=event_timeout):
+            if on_event is not None:
+                out = on_event(client, event)
+                if asyncio.iscoroutine(out):
+                    await out
+        if client.result().done is not None:
+            await client.wait_closed(2.0)
+    return client.result()
