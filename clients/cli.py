@@ -107,6 +107,15 @@ COMMANDS: list[Command] = [
         "show live progress, write a playable MP4 and a JSON summary.",
         epilog=__import__("clients.generate", fromlist=["EPILOG"]).EPILOG,
     ),
+    Command(
+        name="chat",
+        help="stream a video file (and its audio) to a running server and print the answers to queries",
+        add_arguments=lambda parser: __import__("clients.chat", fromlist=["add_arguments"]).add_arguments(parser),
+        run=lambda args: __import__("clients.chat", fromlist=["main"]).main(args),
+        description="Play a video file to /v1/video/chat/stream like a live camera (JPEG frames at --fps, "
+        "16 kHz audio, real-time pacing), ask queries at given times and stream the answers to stdout.",
+        epilog=__import__("clients.chat", fromlist=["EPILOG"]).EPILOG,
+    ),
 ]
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from clients.common import one_line as _one_line
 from clients.stream_client import (
     ServerError,
     SessionEndedError,
@@ -81,8 +82,6 @@ class SessionFailed(RuntimeError):
     """The server or the connection ended the session; the message is one line."""
 
 
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
 
 
 # =====================================================================================

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from clients.common import one_line as _one_line
+
 DEFAULT_HEIGHT = 64
 DEFAULT_WIDTH = 64
 DEFAULT_NUM_BLOCKS = 4
@@ -34,8 +36,6 @@ class RolloutInputError(ValueError):
     """A bad input; its message is the one line the user sees."""
 
 
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
 
 
 # -- input validation (no model load) -------------------------------------------

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
+from clients.common import open_websocket
 from deployments.protocol.keys import KEYS
 from deployments.protocol.timeline import (
     FRAMES_PER_BLOCK,
@@ -586,8 +587,6 @@ def _short(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
 
 
 # =====================================================================================
@@ -637,24 +636,7 @@ class VideoStreamClient:
 
     # -- connection ---------------------------------------------------------------
     async def connect(self) -> "VideoStreamClient":
-        from websockets.asyncio.client import connect
-        from websockets.exceptions import InvalidHandshake, InvalidURI
-
-        try:
-            self._ws = await connect(self.url, **self._connect_kwargs)
-        except InvalidURI as exc:
-            raise StreamInputError(f"invalid server URL {self.url}: {_one_line(exc)}") from None
-        except InvalidHandshake as exc:
-            raise StreamConnectionError(f"cannot open {self.url}: handshake refused: {_one_line(exc)}") from None
-        except (TimeoutError, asyncio.TimeoutError):
-            raise StreamConnectionError(f"cannot connect to {self.url}: timed out after {self.open_timeout:g}s") from None
-        except ConnectionRefusedError:
-            raise StreamConnectionError(f"cannot connect to {self.url}: connection refused (is the server running?)") from None
-        except OSError as exc:
-            reason = exc.strerror or _one_line(exc) or type(exc).__name__
-            if "Connect call failed" in reason:
-                reason = "connection refused (is the server running?)"
-            raise StreamConnectionError(f"cannot connect to {self.url}: {_one_line(reason)}") from None
+        self._ws = await open_websocket(self.url, self.open_timeout, self._connect_kwargs, StreamInputError, StreamConnectionError)
         return self
 
     async def close(self) -> None:

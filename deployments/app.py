@@ -36,9 +36,10 @@ def use_gpus(config: AppConfig, cluster_gpus: float) -> bool:
     return cluster_gpus >= config.tensor_parallel_size
 
 
-def world_model_options(config: AppConfig, gpus: bool) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        "num_replicas": config.num_replicas,
+def session_deployment_options(config: AppConfig, num_replicas: int, session_method: str) -> dict[str, Any]:
+    """What every deployment that pins sessions shares: routing by free slots, long graceful drains."""
+    return {
+        "num_replicas": num_replicas,
         # Sessions are refused by the replica itself when its slots are full; Serve's own cap only
         # has to leave room for them and for small calls like `stats`.
         "max_ongoing_requests": 1000,
@@ -46,10 +47,15 @@ def world_model_options(config: AppConfig, gpus: bool) -> dict[str, Any]:
         "graceful_shutdown_wait_loop_s": 1.0,
         "request_router_config": {
             "request_router_class": ROUTER_PATH,
+            "request_router_kwargs": {"session_method": session_method},
             "request_routing_stats_period_s": config.routing_stats_period_s,
             "request_routing_stats_timeout_s": max(5.0, 5 * config.routing_stats_period_s),
         },
     }
+
+
+def world_model_options(config: AppConfig, gpus: bool) -> dict[str, Any]:
+    options = session_deployment_options(config, config.num_replicas, "run_session")
     if gpus:
         # Bundle 0 for the replica, one GPU bundle per tensor-parallel rank, all on one node.
         options["ray_actor_options"] = {"num_cpus": config.replica_cpus, "num_gpus": 0}
@@ -57,6 +63,12 @@ def world_model_options(config: AppConfig, gpus: bool) -> dict[str, Any]:
         options["placement_group_strategy"] = "STRICT_PACK"
     else:
         options["ray_actor_options"] = {"num_cpus": config.replica_cpus}
+    return options
+
+
+def understanding_options(config: AppConfig, gpus: bool) -> dict[str, Any]:
+    options = session_deployment_options(config, config.num_understanding_replicas, "run_chat")
+    options["ray_actor_options"] = {"num_cpus": config.replica_cpus, "num_gpus": 1 if gpus else 0}
     return options
 
 
@@ -69,6 +81,7 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     import ray
 
     from deployments.ingress.app import VideoIngress
+    from deployments.understanding.server import UnderstandingServer
     from deployments.world_model.server import WorldModelServer
 
     config = args if isinstance(args, AppConfig) else AppConfig.model_validate(args or {})
@@ -76,4 +89,11 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     gpus = use_gpus(config, cluster_gpus)
     replica_config = config.for_replicas()
     world = serve.deployment(WorldModelServer, name="WorldModel").options(**world_model_options(config, gpus)).bind(replica_config)
-    return VideoIngress.options(**ingress_options(config)).bind(replica_config, world)
+    understanding = None
+    if config.understanding_model is not None:
+        understanding = (
+            serve.deployment(UnderstandingServer, name="Understanding")
+            .options(**understanding_options(config, gpus))
+            .bind(replica_config)
+        )
+    return VideoIngress.options(**ingress_options(config)).bind(replica_config, world, understanding)

@@ -33,6 +33,18 @@ class AppConfig(BaseModel):
     replica_cpus: float = Field(1.0, ge=0.0)
     torch_threads: PositiveInt | None = None
 
+    # The understanding model (a Qwen2.5-Omni thinker or Qwen2.5-VL checkpoint); None: no chat endpoint.
+    understanding_model: str | None = "models/omni"
+    understanding_served_name: str | None = None
+    num_understanding_replicas: PositiveInt = 1
+    max_chat_sessions_per_replica: PositiveInt = 8
+    chat_max_new_tokens: PositiveInt = 64
+    # Random tiny models may stop at once; real ones need no floor.
+    chat_min_new_tokens: PositiveInt | None = None
+    chat_frame_max_side: PositiveInt = 448  # frames are kept no larger than this (the model resizes anyway)
+    chat_config_timeout_s: PositiveFloat = 10.0
+    chat_idle_timeout_s: PositiveFloat = 60.0
+
     # Session life.
     max_session_seconds: PositiveFloat = 3600.0
     start_timeout_s: PositiveFloat = 10.0
@@ -46,7 +58,7 @@ class AppConfig(BaseModel):
 
     # Fields that only size the deployment. Replicas are built from `for_replicas()`, which leaves them
     # out, so changing them (KubeRay editing num_replicas) rescales without restarting every replica.
-    SCALING_FIELDS: ClassVar[tuple[str, ...]] = ("num_replicas",)
+    SCALING_FIELDS: ClassVar[tuple[str, ...]] = ("num_replicas", "num_understanding_replicas")
 
     def for_replicas(self) -> "AppConfig":
         return self.model_copy(update={name: AppConfig.model_fields[name].default for name in self.SCALING_FIELDS})
@@ -58,6 +70,15 @@ class AppConfig(BaseModel):
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model_path.name
+
+    @property
+    def understanding_path(self) -> Path | None:
+        return None if self.understanding_model is None else Path(self.understanding_model).expanduser().resolve()
+
+    @property
+    def understanding_name(self) -> str | None:
+        path = self.understanding_path
+        return None if path is None else self.understanding_served_name or path.name
 
     @property
     def torch_dtype(self):

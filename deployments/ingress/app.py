@@ -1,5 +1,7 @@
 """The ingress deployment: FastAPI routes, thin. Each WebSocket gets its own session object."""
 
+# No `from __future__ import annotations` here: Serve rebuilds the route methods, and FastAPI must see
+# the real `WebSocket` class in their signatures (a string annotation makes it refuse the handshake, 403).
 
 import os
 
@@ -8,6 +10,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
+from deployments.ingress.chat_session import ChatSession
 from deployments.ingress.video_session import VideoSession
 
 app = FastAPI(title="realtime-video")
@@ -16,15 +19,17 @@ app = FastAPI(title="realtime-video")
 @serve.deployment(name="VideoIngress")
 @serve.ingress(app)
 class VideoIngress:
-    def __init__(self, config: AppConfig, world: DeploymentHandle) -> None:
+    def __init__(self, config: AppConfig, world: DeploymentHandle, understanding: DeploymentHandle | None = None) -> None:
         self.config = config
         self.world = world
-        self._model_info: dict | None = None
+        self.understanding = understanding
+        self._info: dict[str, dict] = {}
 
-    async def model_info(self) -> dict:
-        if self._model_info is None:
-            self._model_info = await self.world.model_info.remote()
-        return self._model_info
+    async def _model_info(self, name: str, handle: DeploymentHandle) -> dict:
+        # Asked once: what a model can do does not change while its deployment lives.
+        if name not in self._info:
+            self._info[name] = await handle.model_info.remote()
+        return self._info[name]
 
     @app.get("/healthz")
     async def healthz(self) -> dict:
@@ -32,8 +37,18 @@ class VideoIngress:
 
     @app.get("/v1/models")
     async def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.config.model_name, "object": "model", "owned_by": "realtime-video"}]}
+        names = [self.config.model_name] + ([self.config.understanding_name] if self.understanding is not None else [])
+        return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "realtime-video"} for name in names]}
 
     @app.websocket("/v1/realtime/video")
     async def realtime_video(self, websocket: WebSocket) -> None:
-        await VideoSession(websocket, self.config, self.world, await self.model_info()).run()
+        info = await self._model_info("world", self.world)
+        await VideoSession(websocket, self.config, self.world, info).run()
+
+    @app.websocket("/v1/video/chat/stream")
+    async def video_chat(self, websocket: WebSocket) -> None:
+        if self.understanding is None:
+            await websocket.close(1008, "no understanding model is configured")
+            return
+        info = await self._model_info("understanding", self.understanding)
+        await ChatSession(websocket, self.config, self.understanding, info).run()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 import math
 import re
 import uuid
@@ -46,6 +45,7 @@ from deployments.protocol.errors import (
     UNKNOWN_TYPE,
     ProtocolError,
 )
+from deployments.protocol.jsonwire import byte_length, loads, short
 from deployments.protocol.keys import KEYS
 
 FORMAT = "m4s"
@@ -58,29 +58,12 @@ _KEY_LIST = " ".join(sorted(KEYS))
 # =====================================================================================
 # Raw frames -> JSON
 # =====================================================================================
-def _byte_length(raw: str | bytes) -> int:
-    if isinstance(raw, str):
-        return len(raw) if raw.isascii() else len(raw.encode("utf-8", "surrogatepass"))
-    return len(raw)
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
-def _loads(raw: str | bytes) -> Any:
-    """Strict JSON: NaN/Infinity literals and bytes that are not UTF-8 are invalid; so is nesting too deep to parse."""
-    if isinstance(raw, memoryview):
-        raw = raw.tobytes()
-    try:
-        return json.loads(raw, parse_constant=_reject_constant)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
 
 
-def _short(value: Any, limit: int = 200) -> str:
-    text = str(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # =====================================================================================
@@ -346,16 +329,16 @@ def invalid_start(details: str) -> ProtocolError:
 
 def parse_session_start(raw: str | bytes) -> SessionStartRequest:
     """The first message of a session; every failure ends the session (`close_code` set)."""
-    if _byte_length(raw) > START_MESSAGE_MAX_BYTES:
+    if byte_length(raw) > START_MESSAGE_MAX_BYTES:
         raise ProtocolError("session.start message too large", MESSAGE_TOO_LARGE, close_code=CLOSE_TOO_BIG)
     try:
-        message = _loads(raw)
+        message = loads(raw)
     except ValueError:
         raise ProtocolError("Invalid JSON in session.start", INVALID_JSON, close_code=CLOSE_POLICY) from None
     if not isinstance(message, dict):
         raise ProtocolError("session.start must be a JSON object", INVALID_REQUEST, close_code=CLOSE_POLICY)
     if message.get("type") != "session.start":
-        raise ProtocolError(f"Expected session.start, got: {_short(message.get('type'))}", INVALID_REQUEST, close_code=CLOSE_POLICY)
+        raise ProtocolError(f"Expected session.start, got: {short(message.get('type'))}", INVALID_REQUEST, close_code=CLOSE_POLICY)
     data = merge_start_fields(message)
     if "format" in data and data["format"] != FORMAT:
         raise ProtocolError("Invalid session.start format: expected 'm4s'.", INVALID_REQUEST, close_code=CLOSE_POLICY)
@@ -575,10 +558,10 @@ ControlMessage = InteractionMessage | StopMessage | PingMessage | PlaybackMessag
 
 def parse_control_message(raw: str | bytes) -> ControlMessage:
     """One message after `session.start`; raises ProtocolError (never session-ending) with the text to send."""
-    if _byte_length(raw) > CONTROL_MESSAGE_MAX_BYTES:
+    if byte_length(raw) > CONTROL_MESSAGE_MAX_BYTES:
         raise ProtocolError("control message too large", MESSAGE_TOO_LARGE)
     try:
-        message = _loads(raw)
+        message = loads(raw)
     except ValueError:
         raise ProtocolError("Invalid JSON message", INVALID_JSON) from None
     if not isinstance(message, dict):
@@ -595,7 +578,7 @@ def parse_control_message(raw: str | bytes) -> ControlMessage:
         if isinstance(position, bool) or not isinstance(position, (int, float)) or not math.isfinite(position) or position < 0:
             raise ProtocolError("session.playback position_seconds must be a finite number >= 0", INVALID_REQUEST)
         return PlaybackMessage(float(position))
-    raise ProtocolError(f"Unknown message type: {_short(kind)}", UNKNOWN_TYPE)
+    raise ProtocolError(f"Unknown message type: {short(kind)}", UNKNOWN_TYPE)
 
 
 def parse_interaction(message: dict) -> InteractionMessage:
@@ -639,7 +622,7 @@ def parse_interaction(message: dict) -> InteractionMessage:
             raise refuse("session.interaction event.multi_modal_data must be an object")
         unknown = sorted(set(media) - {"camera", "actions"})
         if unknown:
-            raise refuse(f"session.interaction multi_modal_data.{_short(unknown[0], 64)} is not supported (camera and actions are)")
+            raise refuse(f"session.interaction multi_modal_data.{short(unknown[0], 64)} is not supported (camera and actions are)")
         try:
             if media.get("camera") is not None:
                 camera = parse_camera(media["camera"])
@@ -693,7 +676,7 @@ def parse_actions(payload: Any) -> tuple[tuple[str, ...], ...]:
             raise ValueError(f"actions[{i}] must be a list of keys")
         for key in frame:
             if not isinstance(key, str) or key not in KEYS:
-                raise ValueError(f"actions[{i}] has unknown key {_short(repr(key), 32)}; keys are {_KEY_LIST}")
+                raise ValueError(f"actions[{i}] has unknown key {short(repr(key), 32)}; keys are {_KEY_LIST}")
         frames.append(tuple(frame))
     return tuple(frames)
 

@@ -19,11 +19,12 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-SESSION_METHOD = "run_session"
+SESSION_METHOD = "run_session"  # the default; a deployment names its own in request_router_kwargs
 
 
 class FreeSlotsRouter(RequestRouter):
-    def initialize_state(self, **kwargs: Any) -> None:
+    def initialize_state(self, session_method: str = SESSION_METHOD, **kwargs: Any) -> None:
+        self._session_method = session_method
         self._placed: dict[ReplicaID, tuple[float, int]] = {}  # replica -> (report time seen, placed since)
 
     def _free_slots(self, replica: RunningReplica) -> float:
@@ -40,7 +41,7 @@ class FreeSlotsRouter(RequestRouter):
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
-        if pending_request is not None and pending_request.metadata.call_method != SESSION_METHOD:
+        if pending_request is not None and pending_request.metadata.call_method != self._session_method:
             return [random.sample(candidate_replicas, len(candidate_replicas))]
         by_free: dict[float, list[RunningReplica]] = {}
         for replica in candidate_replicas:
@@ -49,7 +50,7 @@ class FreeSlotsRouter(RequestRouter):
         return [random.sample(group, len(group)) for _, group in sorted(by_free.items(), key=lambda kv: -kv[0])]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult) -> None:
-        if pending_request.metadata.call_method != SESSION_METHOD:
+        if pending_request.metadata.call_method != self._session_method:
             return
         replica = self.curr_replicas.get(replica_id)
         reported_at = ((replica.routing_stats if replica else None) or {}).get("reported_at", 0.0)

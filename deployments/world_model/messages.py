@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -87,15 +87,3 @@ class Stop:
 @dataclass(frozen=True)
 class Playback:
     position_seconds: float
-
-
-@dataclass
-class ReplicaStats:
-    capacity: int
-    active: int
-    reported_at: float
-    session_ids: list[str] = field(default_factory=list)
-
-    @property
-    def free_slots(self) -> int:
-        return max(0, self.capacity - self.active)

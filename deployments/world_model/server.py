@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from deployments.config import AppConfig
 from deployments.generation.interactions import InteractionRefused
 from deployments.generation.session import SessionConfig
+from deployments.sessions.slots import SessionSlots
 from deployments.world_model.messages import (
     Interact,
     InteractionFailed,
     MediaChunk,
-    ReplicaStats,
     SessionAccepted,
     SessionEnded,
     SessionRefused,
@@ -46,7 +46,7 @@ class WorldModelServer:
         from deployments.generation.engine import WorldModelEngine
         from deployments.models.ensure import ensure_tiny_models
         from deployments.world_model.capacity import measure_footprint, session_slots
-        from deployments.world_model.mailbox import MailboxActor
+        from deployments.sessions.mailbox import MailboxActor
 
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
@@ -62,13 +62,12 @@ class WorldModelServer:
             self.replica_id = serve.get_replica_context().replica_id.unique_id
         except Exception:  # outside Serve (tests of the class itself)
             self.replica_id = "local"
-        self._sessions: set[str] = set()
+        self.slots = SessionSlots(self.capacity)
         logger.info("world model %s ready: %d session slots, %.1f MiB per session", path, self.capacity, footprint.total / 2**20)
 
     # -- Serve hooks ---------------------------------------------------------
     def record_routing_stats(self) -> dict:
-        stats = ReplicaStats(self.capacity, len(self._sessions), time.time(), sorted(self._sessions))
-        return {"free_slots": stats.free_slots, "capacity": stats.capacity, "active": stats.active, "reported_at": stats.reported_at}
+        return self.slots.routing_stats()
 
     def model_info(self) -> dict:
         """What the ingress needs to validate a session.start for this model, without loading it."""
@@ -88,7 +87,7 @@ class WorldModelServer:
             "replica_id": self.replica_id,
             "pid": os.getpid(),
             "capacity": self.capacity,
-            "sessions": sorted(self._sessions),
+            "sessions": self.slots.held,
             "mailbox_sessions": await self.mailbox.sessions.remote(),
             "footprint_bytes": self.footprint.total,
         }
@@ -119,12 +118,11 @@ class WorldModelServer:
         return _Step(asyncio.ensure_future(asyncio.to_thread(self.engine.generate_block, session)), failures)
 
     async def run_session(self, request: SessionRequest) -> AsyncIterator[object]:
-        if len(self._sessions) >= self.capacity:
+        sid = request.session_id
+        if not self.slots.try_take(sid):
             # Refuse at once so the ingress can try another replica; never queue a session.
             yield SessionRefused("over_capacity", "no free session slot on this replica", self.config.retry_after_s)
             return
-        sid = request.session_id
-        self._sessions.add(sid)
         session = encoder = generating = None
         try:
             await self.mailbox.open.remote(sid, self.config.lease_timeout_s)
@@ -182,7 +180,7 @@ class WorldModelServer:
                 encoder.shutdown()
             if session is not None:
                 session.close()
-            self._sessions.discard(sid)
+            self.slots.release(sid)
             try:
                 self.mailbox.close.remote(sid)
             except Exception:  # the replica is going down; the mailbox goes with it

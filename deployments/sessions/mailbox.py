@@ -1,4 +1,4 @@
-"""Control messages for the sessions of one replica.
+"""Control messages for the sessions of one replica (world model or understanding).
 
 Serve-routed calls may land on another replica (and never on a draining one),
 so interactions, stop and lease renewals go to a small actor the replica owns
@@ -8,6 +8,7 @@ as the sessions it serves.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ class _Box:
     lease_s: float
     renewed_at: float = field(default_factory=time.monotonic)
     messages: list[Any] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class Mailbox:
             return False
         box.messages.append(message)
         box.renewed_at = time.monotonic()  # a client that talks is alive
+        box.arrived.set()
         return True
 
     def renew(self, session_id: str) -> bool:
@@ -60,11 +63,25 @@ class Mailbox:
         messages, box.messages = box.messages, []
         return Delivery(messages, time.monotonic() - box.renewed_at > box.lease_s)
 
+    async def wait_take(self, session_id: str, timeout: float) -> Delivery:
+        """Like `take`, but waits up to `timeout` for a message: for sessions that idle between requests."""
+        box = self._boxes.get(session_id)
+        if box is not None and not box.messages:
+            box.arrived.clear()
+            try:
+                await asyncio.wait_for(box.arrived.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        return self.take(session_id)
+
     def close(self, session_id: str) -> None:
-        self._boxes.pop(session_id, None)
+        box = self._boxes.pop(session_id, None)
+        if box is not None:
+            box.arrived.set()  # wake a waiter: its session is gone
 
     def sessions(self) -> list[str]:
         return list(self._boxes)
 
 
-MailboxActor = ray.remote(num_cpus=0, max_concurrency=1)(Mailbox)
+# Async actor: a `wait_take` in progress must not hold up `post` (Ray runs its coroutines concurrently).
+MailboxActor = ray.remote(num_cpus=0)(Mailbox)

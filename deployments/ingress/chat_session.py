@@ -1,0 +1,191 @@
+"""One `/v1/video/chat/stream` connection, from `session.config` to `session.done`.
+
+The reader decodes frames (off the event loop), filters near-duplicates (EVS),
+keeps the retained ones in a ring and buffers audio; a question takes a sample
+of the ring and the audio to the session's Understanding replica. The pump
+turns the replica's answer stream into `response.*` messages; the watchdog
+keeps the idle clock and renews the replica's lease. Frames keep arriving while
+an answer streams; a newer question replaces a running one on the replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+from fastapi import WebSocket
+from ray.serve.handle import DeploymentHandle
+
+from deployments.config import AppConfig
+from deployments.ingress.websocket_session import WebSocketSession
+from deployments.media.frames import AudioBuffer, FrameBuffer, FrameError, FrameFilter, decode_image, frame_thumbnail
+from deployments.protocol import chat
+from deployments.protocol.errors import ProtocolError
+from deployments.understanding.messages import (
+    ChatAccepted,
+    ChatEnded,
+    ChatRequest,
+    EndChat,
+    Query,
+    QueryFinished,
+    QueryStarted,
+    TextDelta,
+)
+
+DEFAULT_QUERY_FPS = 2.0  # when frames carry no timestamps
+
+
+@dataclass(frozen=True)
+class _Frame:
+    image: np.ndarray
+    frame_id: str | int | None
+    pts_ms: float | None
+
+
+class ChatSession(WebSocketSession):
+    def __init__(self, websocket: WebSocket, config: AppConfig, understanding: DeploymentHandle, model_info: dict) -> None:
+        super().__init__(websocket)
+        self.config = config
+        self.understanding = understanding
+        self.model_info = model_info
+        self._last_message = time.monotonic()
+        self._accepted: ChatAccepted | None = None
+        self._settings: chat.ChatConfig | None = None
+        self._filter: FrameFilter | None = None
+        self._frames: FrameBuffer[_Frame] | None = None
+        self._audio = AudioBuffer()
+
+    async def serve(self) -> None:
+        try:
+            raw = await asyncio.wait_for(self.receive_raw(), self.config.chat_config_timeout_s)
+        except asyncio.TimeoutError:
+            await self.fail(chat.config_timeout())
+            return
+        try:
+            settings = chat.parse_session_config(raw)
+            chat.check_model(settings, [self.config.understanding_name])
+        except ProtocolError as exc:
+            await self.fail(exc)
+            return
+        request = ChatRequest(session_id=uuid.uuid4().hex, system_prompt=settings.system_prompt)
+        first = await self.open_stream(self.understanding, "run_chat", request, ChatAccepted, self.config.retry_after_s)
+        if not isinstance(first, ChatAccepted):
+            await self.fail(self.refusal_error(first, self.config.retry_after_s, ""))
+            return
+        self._accepted = first
+        self._settings = settings
+        self._filter = FrameFilter(settings.evs_threshold, settings.evs_enabled)
+        self._frames = FrameBuffer(settings.max_frames)
+        self._last_message = time.monotonic()
+        await self.supervise(self._pump(), self._read(), self._watch())
+
+    # -- client -> replica -----------------------------------------------------------
+    async def _read(self) -> int | None:
+        mailbox, sid = self._accepted.mailbox, self._accepted.session_id
+        while True:
+            raw = await self.receive_raw()
+            self._last_message = time.monotonic()
+            try:
+                message = chat.parse_chat_message(raw)
+            except ProtocolError as exc:
+                await self.fail(exc)
+                if exc.close_code:
+                    return exc.close_code
+                continue
+            if isinstance(message, chat.FrameMessage):
+                await self._take_frame(message)
+            elif isinstance(message, chat.AudioMessage):
+                self._audio.append(message.pcm)
+            elif isinstance(message, chat.QueryMessage):
+                if message.audio:
+                    self._audio.append(message.audio)
+                if not len(self._frames):
+                    await self.fail(chat.no_frames())
+                    continue
+                await mailbox.post.remote(sid, self._query(message.text))
+            elif isinstance(message, chat.DoneMessage):
+                await mailbox.post.remote(sid, EndChat())
+            elif isinstance(message, chat.PingMessage):
+                await self.send_json(chat.pong())
+
+    async def _take_frame(self, message: chat.FrameMessage) -> None:
+        try:
+            kept, evicted = await asyncio.to_thread(self._filter_and_keep, message)
+        except FrameError as exc:
+            await self.fail(chat.invalid_image(str(exc), message.frame_id))
+            if message.frame_id not in (None, ""):
+                await self.send_json(chat.frame_ack(message.frame_id, False, len(self._frames), chat.ACK_INVALID_IMAGE, pts_ms=message.pts_ms))
+            return
+        if message.frame_id not in (None, ""):
+            await self.send_json(
+                chat.frame_ack(
+                    message.frame_id,
+                    kept,
+                    len(self._frames),
+                    None if kept else chat.ACK_FILTERED,
+                    pts_ms=message.pts_ms,
+                    dropped_frame_id=evicted.frame_id if evicted is not None else None,
+                )
+            )
+
+    def _filter_and_keep(self, message: chat.FrameMessage) -> tuple[bool, _Frame | None]:
+        """Thumbnail first: a dropped near-duplicate never pays for the full decode."""
+        thumbnail = frame_thumbnail(message.data)
+        if not self._filter.check(thumbnail):
+            return False, None
+        image = decode_image(message.data, self.config.chat_frame_max_side)
+        return True, self._frames.append(_Frame(image, message.frame_id, message.pts_ms))
+
+    def _query(self, text: str) -> Query:
+        sampled = self._frames.sample(self._settings.num_sample_frames)
+        audio = self._audio.take()  # the buffer clears at every query
+        return Query(
+            query_id=chat.new_response_id(),
+            text=text,
+            frames=tuple(f.image for f in sampled),
+            fps=_sampled_fps(sampled),
+            audio=audio if self.model_info["takes_audio"] and audio.size else None,
+        )
+
+    # -- replica -> client -----------------------------------------------------------
+    async def _pump(self) -> int:
+        async for item in self.stream:
+            if isinstance(item, QueryStarted):
+                await self.send_json(chat.response_start(item.query_id, frames=item.frames, audio_seconds=item.audio_seconds))
+            elif isinstance(item, TextDelta):
+                await self.send_json(chat.text_delta(item.delta))
+            elif isinstance(item, QueryFinished):
+                if item.error is not None:
+                    await self.fail(chat.query_failed())
+                await self.send_json(chat.text_done(item.text))
+            elif isinstance(item, ChatEnded):
+                if self._settings.evs_enabled:
+                    f = self._filter
+                    await self.send_json(chat.evs_stats(f.retained, f.dropped, f.total))
+                await self.send_json(chat.session_done())
+                return 1000
+        await self.send_error("The session ended on the server", "session_aborted")
+        return 1011
+
+    async def _watch(self) -> int | None:
+        mailbox, sid = self._accepted.mailbox, self._accepted.session_id
+        interval = min(self.config.lease_timeout_s / 3, 1.0)
+        while True:
+            await asyncio.sleep(interval)
+            await mailbox.renew.remote(sid)
+            if time.monotonic() - self._last_message > self.config.chat_idle_timeout_s:
+                error = chat.idle_timeout()
+                await self.send_json(error.to_message())
+                return error.close_code
+
+
+def _sampled_fps(frames: list[_Frame]) -> float:
+    """The rate the sampled frames span, from their timestamps when the client sent them."""
+    if len(frames) > 1 and frames[0].pts_ms is not None and frames[-1].pts_ms is not None:
+        span = (frames[-1].pts_ms - frames[0].pts_ms) / 1000.0
+        if span > 0:
+            return (len(frames) - 1) / span
+    return DEFAULT_QUERY_FPS

@@ -1,0 +1,71 @@
+"""Typed messages between the ingress and an Understanding replica (pickled by Ray, never on the wire)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    session_id: str
+    system_prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class ChatAccepted:
+    session_id: str
+    replica_id: str
+    takes_audio: bool
+    mailbox: Any
+
+
+@dataclass(frozen=True)
+class ChatRefused:
+    code: str
+    message: str
+    retry_after_s: float | None = None
+
+
+# -- ingress -> replica (through the mailbox) ------------------------------------------
+@dataclass(frozen=True)
+class Query:
+    query_id: str
+    text: str
+    frames: tuple[np.ndarray, ...]  # sampled, in order
+    fps: float
+    audio: np.ndarray | None = None  # float32 mono 16 kHz, what was buffered since the last query
+
+
+@dataclass(frozen=True)
+class EndChat:
+    pass
+
+
+# -- replica -> ingress (items of the session stream) ----------------------------------
+@dataclass(frozen=True)
+class QueryStarted:
+    query_id: str
+    frames: int = 0  # what the model is given: sampled frames, seconds of audio
+    audio_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    query_id: str
+    delta: str
+
+
+@dataclass(frozen=True)
+class QueryFinished:
+    query_id: str
+    text: str
+    interrupted: bool = False  # a newer query replaced it
+    error: str | None = None  # why it failed, for logs; the client gets the fixed text
+
+
+@dataclass(frozen=True)
+class ChatEnded:
+    reason: str = "done"  # done | lease_expired

@@ -1,0 +1,152 @@
+"""The Understanding replica: a vision-language model and the chat sessions pinned to it.
+
+A chat session is one streaming call (`run_chat`), like a world-model session:
+its first item carries the replica's mailbox, queries arrive there, and the
+answers stream back as items. Keeping the session here is what will let a
+later version keep its visual context (KV cache) between questions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator
+
+from deployments.config import AppConfig
+from deployments.sessions.slots import SessionSlots
+from deployments.understanding.messages import (
+    ChatAccepted,
+    ChatEnded,
+    ChatRefused,
+    ChatRequest,
+    EndChat,
+    Query,
+    QueryFinished,
+    QueryStarted,
+    TextDelta,
+)
+
+logger = logging.getLogger("ray.serve")
+
+# While an answer streams, look for a newer query this often (it replaces the running one).
+CHECK_INTERVAL_S = 0.05
+
+
+class UnderstandingServer:
+    def __init__(self, config: AppConfig) -> None:
+        import torch
+        from ray import serve
+
+        from deployments.models.ensure import ensure_tiny_models
+        from deployments.sessions.mailbox import MailboxActor
+        from deployments.understanding.engine import UnderstandingEngine
+
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        self.config = config
+        path = config.understanding_path
+        if config.build_tiny_models:
+            ensure_tiny_models(path)
+        device = "cuda" if torch.cuda.is_available() and config.accelerator != "cpu" else "cpu"
+        self.engine = UnderstandingEngine.from_pretrained(path, device=device, dtype=config.torch_dtype)
+        self.slots = SessionSlots(config.max_chat_sessions_per_replica)
+        self.mailbox = MailboxActor.remote()
+        try:
+            self.replica_id = serve.get_replica_context().replica_id.unique_id
+        except Exception:  # outside Serve
+            self.replica_id = "local"
+        logger.info("understanding model %s ready: %d chat slots", path, self.slots.capacity)
+
+    def record_routing_stats(self) -> dict:
+        return self.slots.routing_stats()
+
+    def model_info(self) -> dict:
+        return {"takes_audio": self.engine.takes_audio, "model_name": self.config.understanding_name}
+
+    async def stats(self) -> dict:
+        return {
+            "replica_id": self.replica_id,
+            "pid": os.getpid(),
+            "sessions": self.slots.held,
+            "mailbox_sessions": await self.mailbox.sessions.remote(),
+        }
+
+    async def run_chat(self, request: ChatRequest) -> AsyncIterator[object]:
+        sid = request.session_id
+        if not self.slots.try_take(sid):
+            yield ChatRefused("over_capacity", "no free chat slot on this replica", self.config.retry_after_s)
+            return
+        try:
+            await self.mailbox.open.remote(sid, self.config.lease_timeout_s)
+            yield ChatAccepted(sid, self.replica_id, self.engine.takes_audio, self.mailbox)
+            inbox: list[object] = []
+            while True:
+                if not inbox:
+                    delivery = await self.mailbox.wait_take.remote(sid, 1.0)
+                    if delivery.lease_expired:
+                        logger.warning("chat %s: lease expired, dropping it", sid)
+                        return
+                    inbox.extend(delivery.messages)
+                if not inbox:
+                    continue
+                queries = [m for m in inbox if isinstance(m, Query)]
+                ended = any(isinstance(m, EndChat) for m in inbox)
+                inbox.clear()
+                if queries:
+                    # Only the newest question is worth answering; older ones it replaced end at once.
+                    for stale in queries[:-1]:
+                        yield QueryStarted(stale.query_id)
+                        yield QueryFinished(stale.query_id, "", interrupted=True)
+                    async for item in self._answer(sid, request, queries[-1], inbox):
+                        yield item
+                if ended or any(isinstance(m, EndChat) for m in inbox):
+                    yield ChatEnded()
+                    return
+        finally:
+            self.slots.release(sid)
+            try:
+                self.mailbox.close.remote(sid)
+            except Exception:  # the replica is going down; the mailbox goes with it
+                pass
+
+    async def _answer(self, sid: str, request: ChatRequest, query: Query, inbox: list) -> AsyncIterator[object]:
+        """Stream one answer; a newer query arriving meanwhile stops it (and waits in `inbox`)."""
+        audio_seconds = 0.0 if query.audio is None or not self.engine.takes_audio else len(query.audio) / self.engine.sampling_rate
+        yield QueryStarted(query.query_id, len(query.frames), round(audio_seconds, 3))
+        stop = threading.Event()
+        deltas = self.engine.stream_answer(
+            list(query.frames),
+            query.audio,
+            query.text,
+            system_prompt=request.system_prompt,
+            fps=query.fps,
+            max_new_tokens=self.config.chat_max_new_tokens,
+            min_new_tokens=self.config.chat_min_new_tokens,
+            stop=stop,
+        )
+        text, error, interrupted = "", None, False
+        next_check = time.monotonic() + CHECK_INTERVAL_S
+        try:
+            while True:
+                delta = await asyncio.to_thread(next, deltas, None)
+                if delta is None:
+                    break
+                text += delta
+                yield TextDelta(query.query_id, delta)
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + CHECK_INTERVAL_S
+                    delivery = await self.mailbox.take.remote(sid)
+                    inbox.extend(delivery.messages)
+                    if any(isinstance(m, Query) for m in inbox):
+                        interrupted = True
+                        break
+        except Exception as exc:  # the model failed on this query; the session goes on
+            logger.exception("chat %s: query %s failed", sid, query.query_id)
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            stop.set()
+            await asyncio.to_thread(deltas.close)  # joins the generate thread
+        yield QueryFinished(query.query_id, text, interrupted=interrupted, error=error)
