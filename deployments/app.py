@@ -15,6 +15,7 @@ from ray.serve import Application
 from deployments.config import AppConfig
 
 ROUTER_PATH = "deployments.routing.free_slots:FreeSlotsRouter"
+AUTOSCALING_POLICY_PATH = "deployments.scaling.sessions_policy:SessionAutoscalingPolicy"
 
 
 class AcceleratorError(RuntimeError):
@@ -27,7 +28,7 @@ def use_gpus(config: AppConfig, cluster_gpus: float) -> bool:
     if config.accelerator == "cpu":
         return False
     if config.accelerator == "gpu":
-        if cluster_gpus < config.tensor_parallel_size:
+        if config.require_gpus_at_deploy and cluster_gpus < config.tensor_parallel_size:
             raise AcceleratorError(
                 f"accelerator: gpu asks for {config.tensor_parallel_size} GPU(s) per replica "
                 f"({need} for {config.num_replicas} replicas) but the Ray cluster has {cluster_gpus:g}"
@@ -56,14 +57,42 @@ def session_deployment_options(config: AppConfig, num_replicas: int, session_met
 
 def world_model_options(config: AppConfig, gpus: bool) -> dict[str, Any]:
     options = session_deployment_options(config, config.num_replicas, "run_session")
-    if gpus:
-        # Bundle 0 for the replica, one GPU bundle per tensor-parallel rank, all on one node.
+    if config.autoscaling:
+        del options["num_replicas"]
+        lowest = config.min_replicas or 1
+        options["autoscaling_config"] = {
+            "min_replicas": lowest,
+            "max_replicas": config.max_replicas,
+            "initial_replicas": max(lowest, min(config.num_replicas, config.max_replicas)),
+            "metrics_interval_s": 1.0,
+            "look_back_period_s": 2.0,
+            "upscale_delay_s": 0.0,
+            "downscale_delay_s": config.autoscaling_downscale_delay_s,
+            "policy": {
+                "policy_function": AUTOSCALING_POLICY_PATH,
+                "policy_kwargs": {"headroom_sessions": config.autoscaling_headroom_sessions},
+            },
+        }
+    if config.tensor_parallel_size > 1:
+        # Bundle 0 for the replica, one bundle per tensor-parallel rank (a GPU each where there are
+        # GPUs), all on one node: the ranks talk over NCCL/gloo within it.
+        rank_bundle = {"GPU": 1} if gpus else {"CPU": 0.01}
         options["ray_actor_options"] = {"num_cpus": config.replica_cpus, "num_gpus": 0}
-        options["placement_group_bundles"] = [{"CPU": config.replica_cpus}] + [{"GPU": 1}] * config.tensor_parallel_size
+        options["placement_group_bundles"] = [{"CPU": max(config.replica_cpus, 0.01)}] + [rank_bundle] * config.tensor_parallel_size
         options["placement_group_strategy"] = "STRICT_PACK"
     else:
-        options["ray_actor_options"] = {"num_cpus": config.replica_cpus}
+        options["ray_actor_options"] = {"num_cpus": config.replica_cpus, "num_gpus": 1 if gpus else 0}
     return options
+
+
+def understanding_gpus(config: AppConfig, world_gpus: bool, cluster_gpus: float) -> bool:
+    """`auto` gives the understanding model a GPU only if one is left after the world model's."""
+    if not world_gpus:
+        return False
+    if config.accelerator == "gpu":
+        return True
+    left = cluster_gpus - config.tensor_parallel_size * config.num_replicas
+    return left >= config.num_understanding_replicas
 
 
 def understanding_options(config: AppConfig, gpus: bool) -> dict[str, Any]:
@@ -73,8 +102,14 @@ def understanding_options(config: AppConfig, gpus: bool) -> dict[str, Any]:
 
 
 def ingress_options(config: AppConfig) -> dict[str, Any]:
-    # Each open WebSocket holds one slot: the default of 5 would queue the sixth viewer.
-    return {"max_ongoing_requests": config.ingress_max_ongoing_requests, "ray_actor_options": {"num_cpus": 0}}
+    # Each open WebSocket holds one slot: the default of 5 would queue the sixth viewer. A draining
+    # ingress keeps its WebSockets as long as a session may last.
+    return {
+        "num_replicas": config.num_ingress_replicas,
+        "max_ongoing_requests": config.ingress_max_ongoing_requests,
+        "graceful_shutdown_timeout_s": config.graceful_shutdown_timeout_s,
+        "ray_actor_options": {"num_cpus": 0},
+    }
 
 
 def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
@@ -87,13 +122,12 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     config = args if isinstance(args, AppConfig) else AppConfig.model_validate(args or {})
     cluster_gpus = ray.cluster_resources().get("GPU", 0.0) if ray.is_initialized() else 0.0
     gpus = use_gpus(config, cluster_gpus)
-    replica_config = config.for_replicas()
-    world = serve.deployment(WorldModelServer, name="WorldModel").options(**world_model_options(config, gpus)).bind(replica_config)
+    world = serve.deployment(WorldModelServer, name="WorldModel").options(**world_model_options(config, gpus)).bind(config)
     understanding = None
     if config.understanding_model is not None:
         understanding = (
             serve.deployment(UnderstandingServer, name="Understanding")
-            .options(**understanding_options(config, gpus))
-            .bind(replica_config)
+            .options(**understanding_options(config, understanding_gpus(config, gpus, cluster_gpus)))
+            .bind(config)
         )
-    return VideoIngress.options(**ingress_options(config)).bind(replica_config, world, understanding)
+    return VideoIngress.options(**ingress_options(config)).bind(config, world, understanding)

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 
 class AppConfig(BaseModel):
@@ -25,10 +32,18 @@ class AppConfig(BaseModel):
 
     # Where and how replicas run.
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
+    # With accelerator: gpu, refuse to deploy when the cluster has too few GPUs right now. A cluster whose
+    # GPU nodes join later (KubeRay with the autoscaler) sets this false and lets the replicas wait.
+    require_gpus_at_deploy: bool = True
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     tensor_parallel_size: PositiveInt = 1
     gpu_memory_fraction: float = Field(0.9, gt=0.0, le=1.0)
     num_replicas: PositiveInt = 1
+    # Autoscaling on sessions: set max_replicas above min_replicas (num_replicas is then where it starts).
+    min_replicas: PositiveInt | None = None
+    max_replicas: PositiveInt | None = None
+    autoscaling_headroom_sessions: int = Field(0, ge=0)  # free slots to keep ready for the next viewers
+    autoscaling_downscale_delay_s: PositiveFloat = 60.0
     max_sessions_per_replica: PositiveInt | None = 4  # None: as many as the memory budget allows
     replica_cpus: float = Field(1.0, ge=0.0)
     torch_threads: PositiveInt | None = None
@@ -55,13 +70,17 @@ class AppConfig(BaseModel):
     # A draining replica keeps streaming its sessions this long before Serve stops it.
     graceful_shutdown_timeout_s: PositiveFloat = 3600.0
     ingress_max_ongoing_requests: PositiveInt = 1000
+    num_ingress_replicas: PositiveInt = 1
 
-    # Fields that only size the deployment. Replicas are built from `for_replicas()`, which leaves them
-    # out, so changing them (KubeRay editing num_replicas) rescales without restarting every replica.
-    SCALING_FIELDS: ClassVar[tuple[str, ...]] = ("num_replicas", "num_understanding_replicas")
+    @property
+    def autoscaling(self) -> bool:
+        return self.max_replicas is not None and self.max_replicas > (self.min_replicas or 1)
 
-    def for_replicas(self) -> "AppConfig":
-        return self.model_copy(update={name: AppConfig.model_fields[name].default for name in self.SCALING_FIELDS})
+    @model_validator(mode="after")
+    def _replica_bounds(self) -> "AppConfig":
+        if self.min_replicas is not None and self.max_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} is above max_replicas {self.max_replicas}")
+        return self
 
     @property
     def model_path(self) -> Path:

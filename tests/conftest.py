@@ -50,15 +50,45 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def serve_address():
+def ray_metrics_port():
+    return _free_port()
+
+
+@pytest.fixture(scope="session")
+def serve_address(ray_metrics_port):
     """One Ray instance and one Serve HTTP proxy for every test that serves; apps come per module."""
     import ray
     from ray import serve
 
     if not ray.is_initialized():
-        ray.init(num_cpus=16, num_gpus=0, include_dashboard=False, log_to_driver=False)
+        ray.init(
+            num_cpus=16,
+            num_gpus=4,
+            include_dashboard=False,
+            log_to_driver=False,
+            _metrics_export_port=ray_metrics_port,
+            _system_config={"metrics_report_interval_ms": 1000},  # metrics reach the endpoint within seconds
+        )
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield f"127.0.0.1:{port}"
     serve.shutdown()
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def metrics_url(serve_address, ray_metrics_port):
+    """Prometheus text of this node's Ray metrics agent (Serve application metrics included)."""
+    return f"http://127.0.0.1:{ray_metrics_port}/metrics"
+
+
+def app_args(model_dir, **overrides) -> dict:
+    """`build_app` arguments for a test app: CPU only, no understanding model unless asked, nothing built on the fly."""
+    return {
+        "model": str(model_dir),
+        "build_tiny_models": False,
+        "accelerator": "cpu",
+        "replica_cpus": 0,
+        "understanding_model": None,
+        **overrides,
+    }

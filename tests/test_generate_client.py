@@ -23,6 +23,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import app_args
 
 from clients import cli
 from clients.generate import FRAME_COUNTING_RULE, Progress, parse_interact, split_blocks
@@ -72,7 +73,7 @@ def server(serve_address: str, world_model_dir) -> dict:
 
     from deployments.app import build_app
 
-    serve.run(build_app({"model": str(world_model_dir), "build_tiny_models": False, "replica_cpus": 0}), name=APP_NAME, route_prefix="/")
+    serve.run(build_app(app_args(world_model_dir)), name=APP_NAME, route_prefix="/")
     yield {"url": f"ws://{serve_address}", "model": world_model_dir}
     serve.delete(APP_NAME)
 

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import websockets
+from conftest import app_args
 from PIL import Image
 
 pytestmark = pytest.mark.timeout(240)
@@ -30,15 +31,14 @@ def address(serve_address, world_model_dir, omni_dir):
 
     from deployments.app import build_app
 
-    config = {
-        "model": str(world_model_dir),
-        "understanding_model": str(omni_dir),
-        "replica_cpus": 0,
-        "chat_min_new_tokens": 8,
-        "chat_max_new_tokens": 24,
-        "chat_config_timeout_s": 2.0,
-        "chat_idle_timeout_s": 3.0,
-    }
+    config = app_args(
+        world_model_dir,
+        understanding_model=str(omni_dir),
+        chat_min_new_tokens=8,
+        chat_max_new_tokens=24,
+        chat_config_timeout_s=2.0,
+        chat_idle_timeout_s=3.0,
+    )
     serve.run(build_app(config), name=APP, route_prefix=PREFIX)
     yield serve_address
     serve.delete(APP)

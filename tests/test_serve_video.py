@@ -9,6 +9,7 @@ import time
 
 import av
 import pytest
+from conftest import app_args
 from wsclient import Transcript, connect, run_to_end, send, start, until
 
 pytestmark = pytest.mark.timeout(240)
@@ -22,14 +23,7 @@ def address(serve_address, world_model_dir):
 
     from deployments.app import build_app
 
-    config = {
-        "model": str(world_model_dir),
-        "num_replicas": 2,
-        "max_sessions_per_replica": 2,
-        "replica_cpus": 0,
-        "start_timeout_s": 2.0,
-        "routing_stats_period_s": 0.5,
-    }
+    config = app_args(world_model_dir, num_replicas=2, max_sessions_per_replica=2, start_timeout_s=2.0, routing_stats_period_s=0.5)
     serve.run(build_app(config), name=APP, route_prefix="/")
     yield serve_address
     serve.delete(APP)

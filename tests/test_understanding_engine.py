@@ -17,7 +17,10 @@ import pytest
 import torch
 
 from deployments.models.tiny_vlm import make_tiny_vlm
-from deployments.understanding.engine import UnderstandingEngine, UnsupportedCheckpointError
+from deployments.understanding.engine import (
+    UnderstandingEngine,
+    UnsupportedCheckpointError,
+)
 
 SAMPLE_RATE = 16_000
 

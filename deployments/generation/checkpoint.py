@@ -16,6 +16,11 @@ from deployments.generation.geometry import (
     read_geometry,
     read_traits,
 )
+from deployments.generation.tensor_parallel import (
+    TensorParallel,
+    check_shardable,
+    shard_transformer,
+)
 
 
 @dataclass
@@ -30,6 +35,7 @@ class WorldModelComponents:
     flow_shift: float
     timesteps: list[float] | None
     image_conditioned: bool
+    tensor_parallel: TensorParallel | None = None  # None: the whole transformer on this process
 
 
 def _scheduler_settings(root: Path) -> tuple[float, list[float] | None]:
@@ -61,14 +67,34 @@ def _quiet_loading():
                 log.enable_progress_bar()
 
 
-def load_world_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, vae_dtype: torch.dtype = torch.float32) -> WorldModelComponents:
+def load_world_model(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    vae_dtype: torch.dtype = torch.float32,
+    tensor_parallel: TensorParallel | None = None,
+) -> WorldModelComponents:
+    """Load every component; with `tensor_parallel` the transformer's blocks are then sharded over its mesh.
+
+    Under tensor parallel every rank calls this with the same arguments; the
+    text encoder, VAE and camera adapter stay whole on each rank.
+    """
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"model folder {root} does not exist")
     geometry = read_geometry(root)
     traits = read_traits(root)
+    if tensor_parallel is not None:
+        # Before any weight is read: a head count that does not split is refused up front.
+        check_shardable(json.loads((root / "transformer" / "config.json").read_text()), tensor_parallel.world_size)
+        if torch.device(device).type != tensor_parallel.device_type:
+            raise ValueError(f"device {device} does not match the tensor-parallel mesh's {tensor_parallel.device_type}")
     with _quiet_loading():
-        return _load(root, geometry, traits, device, dtype, vae_dtype)
+        components = _load(root, geometry, traits, device, dtype, vae_dtype)
+    if tensor_parallel is not None:
+        shard_transformer(components.transformer, tensor_parallel)
+        components.tensor_parallel = tensor_parallel
+    return components
 
 
 def _load(root: Path, geometry: ARGeometry, traits: ModelTraits, device, dtype: torch.dtype, vae_dtype: torch.dtype) -> WorldModelComponents:

@@ -3,6 +3,13 @@
 No Ray and no WebSocket here; a Serve replica wraps it. Forwards on the shared
 transformer are serialized by a lock because the KV cache reaches the
 attention processors through a binding, not through arguments.
+
+Tensor parallel: built with a `TensorParallel`, each rank holds heads / N of
+every block (and 1/N of each session's KV cache). Every rank must make the
+same calls in the same order (open_session with the same config and seed,
+the same submits, generate_block) so the collectives inside the forwards
+line up; the noise is the same on every rank because the seed is. Only rank
+0 decodes frames.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from deployments.generation.session import (
     SessionConfig,
     WorldSession,
 )
+from deployments.generation.tensor_parallel import TensorParallel
 from deployments.generation.text import PromptEncoder
 from deployments.generation.vae_stream import (
     LatentNormalizer,
@@ -67,6 +75,9 @@ class WorldModelEngine:
         self.vae = components.vae
         self.camera_adapter = components.camera_adapter
         self.image_conditioned = components.image_conditioned
+        self.tensor_parallel = components.tensor_parallel
+        self.rank = self.tensor_parallel.rank if self.tensor_parallel else 0
+        self.world_size = self.tensor_parallel.world_size if self.tensor_parallel else 1
         self.device = next(self.transformer.parameters()).device
         self.dtype = next(self.transformer.parameters()).dtype
         self.normalizer = LatentNormalizer(self.vae)
@@ -78,8 +89,21 @@ class WorldModelEngine:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, vae_dtype: torch.dtype = torch.float32) -> "WorldModelEngine":
-        return cls(load_world_model(path, device=device, dtype=dtype, vae_dtype=vae_dtype))
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        vae_dtype: torch.dtype = torch.float32,
+        tensor_parallel: TensorParallel | None = None,
+    ) -> "WorldModelEngine":
+        """Load a checkpoint; with `tensor_parallel` every rank calls this and the transformer is sharded after loading."""
+        return cls(load_world_model(path, device=device, dtype=dtype, vae_dtype=vae_dtype, tensor_parallel=tensor_parallel))
+
+    @property
+    def decodes(self) -> bool:
+        """Whether this engine's blocks carry frames (False on tensor-parallel ranks other than 0)."""
+        return self.rank == 0
 
     @property
     def accepts_camera(self) -> bool:
@@ -92,13 +116,14 @@ class WorldModelEngine:
 
     # -- sessions ------------------------------------------------------------
     def kv_layout(self, height: int, width: int) -> KVLayout:
+        """This rank's cache layout: under tensor parallel it holds only the local heads."""
         config = self.transformer.config
         return KVLayout(
             num_layers=config.num_layers,
             sink_frames=self.geometry.sink_size,
             window_frames=self.geometry.sliding_window_num_frames,
             tokens_per_frame=self.geometry.tokens_per_frame(height, width),
-            heads=config.num_attention_heads,
+            heads=config.num_attention_heads // self.world_size,
             head_dim=config.attention_head_dim,
         )
 
@@ -160,23 +185,31 @@ class WorldModelEngine:
             self._check_cancel(session)
             self.forward(session, x0, 0.0, text, camera, cond, commit=True)
             session.kv.advance(shape[2])
-            pixels = session.decoder.decode(self.normalizer.to_raw(x0).to(self.vae.dtype))
+            pixels = session.decoder.decode(self.normalizer.to_raw(x0).to(self.vae.dtype)) if self.decodes else None
 
-        frames = to_uint8_frames(pixels)
+        frames = to_uint8_frames(pixels) if pixels is not None else None
         meta = BlockMetadata(
             block_index=session.block_index,
-            num_frames=frames.shape[0],
+            num_frames=frames.shape[0] if frames is not None else self.geometry.frames_in_block(session.block_index),
             started_event_ids=plan.started,
             active_event_ids=plan.active,
             completed_event_ids=plan.completed,
         )
         session.block_index += 1
-        return GeneratedBlock(frames=frames, metadata=meta)
+        return GeneratedBlock(frames=frames, metadata=meta, latents=x0.to("cpu", torch.float32, copy=True))
 
-    @staticmethod
-    def _check_cancel(session: WorldSession) -> None:
+    def _check_cancel(self, session: WorldSession) -> None:
         # Between steps, so a dropped session frees the engine for the others within one forward.
-        if session.cancelled:
+        cancelled = session.cancelled
+        if self.world_size > 1:
+            # All ranks must stop at the same step or the next forward's collectives hang:
+            # a cancel seen by any rank cancels the block on every rank.
+            flag = torch.tensor([int(cancelled)], dtype=torch.int32, device=self.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self.tensor_parallel.group)
+            cancelled = bool(flag.item())
+            if cancelled:
+                session.cancelled = True
+        if cancelled:
             raise SessionCancelled(f"session {session.session_id} was cancelled")
 
     def _latent_shape(self, session: WorldSession) -> tuple[int, ...]:

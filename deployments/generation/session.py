@@ -45,8 +45,19 @@ class BlockMetadata:
 
 @dataclass
 class GeneratedBlock:
-    frames: np.ndarray  # uint8 (T, H, W, 3)
+    """One block of a session.
+
+    `frames` is uint8 (T, H, W, 3). Under tensor parallel only rank 0 decodes:
+    the other ranks run the same denoising in lockstep (they hold the other
+    heads) but skip the VAE, so their blocks have `frames=None`; their
+    metadata is the same as rank 0's. `latents` are the block's clean latents
+    x0 (normalized, float32, on the CPU, shape (1, z, frames_per_block, h, w)),
+    on every rank.
+    """
+
+    frames: np.ndarray | None
     metadata: BlockMetadata
+    latents: torch.Tensor | None = None
 
 
 @dataclass

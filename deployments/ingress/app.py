@@ -12,6 +12,7 @@ from ray.serve.handle import DeploymentHandle
 from deployments.config import AppConfig
 from deployments.ingress.chat_session import ChatSession
 from deployments.ingress.video_session import VideoSession
+from deployments.observability.metrics import IngressMetrics
 
 app = FastAPI(title="realtime-video")
 
@@ -23,6 +24,7 @@ class VideoIngress:
         self.config = config
         self.world = world
         self.understanding = understanding
+        self.metrics = IngressMetrics()
         self._info: dict[str, dict] = {}
 
     async def _model_info(self, name: str, handle: DeploymentHandle) -> dict:
@@ -43,7 +45,7 @@ class VideoIngress:
     @app.websocket("/v1/realtime/video")
     async def realtime_video(self, websocket: WebSocket) -> None:
         info = await self._model_info("world", self.world)
-        await VideoSession(websocket, self.config, self.world, info).run()
+        await VideoSession(websocket, self.config, self.world, info, self.metrics).run()
 
     @app.websocket("/v1/video/chat/stream")
     async def video_chat(self, websocket: WebSocket) -> None:
@@ -51,4 +53,4 @@ class VideoIngress:
             await websocket.close(1008, "no understanding model is configured")
             return
         info = await self._model_info("understanding", self.understanding)
-        await ChatSession(websocket, self.config, self.understanding, info).run()
+        await ChatSession(websocket, self.config, self.understanding, info, self.metrics).run()

@@ -21,7 +21,14 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
 from deployments.ingress.websocket_session import WebSocketSession
-from deployments.media.frames import AudioBuffer, FrameBuffer, FrameError, FrameFilter, decode_image, frame_thumbnail
+from deployments.media.frames import (
+    AudioBuffer,
+    FrameBuffer,
+    FrameError,
+    FrameFilter,
+    decode_image,
+    frame_thumbnail,
+)
 from deployments.protocol import chat
 from deployments.protocol.errors import ProtocolError
 from deployments.understanding.messages import (
@@ -46,8 +53,10 @@ class _Frame:
 
 
 class ChatSession(WebSocketSession):
-    def __init__(self, websocket: WebSocket, config: AppConfig, understanding: DeploymentHandle, model_info: dict) -> None:
-        super().__init__(websocket)
+    endpoint = "chat"
+
+    def __init__(self, websocket: WebSocket, config: AppConfig, understanding: DeploymentHandle, model_info: dict, metrics=None) -> None:
+        super().__init__(websocket, metrics)
         self.config = config
         self.understanding = understanding
         self.model_info = model_info
@@ -134,7 +143,10 @@ class ChatSession(WebSocketSession):
     def _filter_and_keep(self, message: chat.FrameMessage) -> tuple[bool, _Frame | None]:
         """Thumbnail first: a dropped near-duplicate never pays for the full decode."""
         thumbnail = frame_thumbnail(message.data)
-        if not self._filter.check(thumbnail):
+        kept = self._filter.check(thumbnail)
+        if self.metrics is not None:
+            self.metrics.evs(kept)
+        if not kept:
             return False, None
         image = decode_image(message.data, self.config.chat_frame_max_side)
         return True, self._frames.append(_Frame(image, message.frame_id, message.pts_ms))

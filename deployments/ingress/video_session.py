@@ -33,8 +33,10 @@ from deployments.world_model.messages import (
 
 
 class VideoSession(WebSocketSession):
-    def __init__(self, websocket: WebSocket, config: AppConfig, world: DeploymentHandle, model_info: dict) -> None:
-        super().__init__(websocket)
+    endpoint = "video"
+
+    def __init__(self, websocket: WebSocket, config: AppConfig, world: DeploymentHandle, model_info: dict, metrics=None) -> None:
+        super().__init__(websocket, metrics)
         self.model_info = model_info
         self.config = config
         self.world = world
@@ -193,6 +195,8 @@ class VideoSession(WebSocketSession):
                     continue
                 self._event_ids.add(event_id)
                 if await mailbox.post.remote(sid, Interact(message.interaction)):
+                    if self.metrics is not None:
+                        self.metrics.interaction(self.endpoint, "queued")
                     await self.send_json(video.interaction_queued(self.request_id, event_id))
 
     async def _watch(self) -> int:

@@ -19,6 +19,7 @@ from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from deployments.observability.metrics import IngressMetrics
 from deployments.protocol import errors
 from deployments.protocol.errors import ProtocolError
 
@@ -32,14 +33,19 @@ class Disconnected(Exception):
 
 
 class WebSocketSession:
-    def __init__(self, websocket: WebSocket) -> None:
+    endpoint = "websocket"  # names the endpoint in metrics
+
+    def __init__(self, websocket: WebSocket, metrics: IngressMetrics | None = None) -> None:
         self.ws = websocket
+        self.metrics = metrics
         self._send_lock = asyncio.Lock()
         self._stream = None
         self.request_id: str | None = None  # set once the session is accepted; errors then carry it
 
     # -- sending -----------------------------------------------------------------
     async def send_json(self, message: dict) -> None:
+        if self.metrics is not None and message.get("type") == "error":
+            self.metrics.error(self.endpoint, message.get("code"))
         async with self._send_lock:
             await self.ws.send_json(message)
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator
 
 from deployments.config import AppConfig
+from deployments.observability.metrics import ReplicaMetrics
 from deployments.sessions.slots import SessionSlots
 from deployments.understanding.messages import (
     ChatAccepted,
@@ -52,7 +53,8 @@ class UnderstandingServer:
             ensure_tiny_models(path)
         device = "cuda" if torch.cuda.is_available() and config.accelerator != "cpu" else "cpu"
         self.engine = UnderstandingEngine.from_pretrained(path, device=device, dtype=config.torch_dtype)
-        self.slots = SessionSlots(config.max_chat_sessions_per_replica)
+        self.metrics = ReplicaMetrics("chat")
+        self.slots = SessionSlots(config.max_chat_sessions_per_replica, on_change=self.metrics.slots)
         self.mailbox = MailboxActor.remote()
         try:
             self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -62,6 +64,9 @@ class UnderstandingServer:
 
     def record_routing_stats(self) -> dict:
         return self.slots.routing_stats()
+
+    def record_autoscaling_stats(self) -> dict:
+        return self.slots.autoscaling_stats()
 
     def model_info(self) -> dict:
         return {"takes_audio": self.engine.takes_audio, "model_name": self.config.understanding_name}
@@ -77,10 +82,12 @@ class UnderstandingServer:
     async def run_chat(self, request: ChatRequest) -> AsyncIterator[object]:
         sid = request.session_id
         if not self.slots.try_take(sid):
+            self.metrics.session_start("over_capacity")
             yield ChatRefused("over_capacity", "no free chat slot on this replica", self.config.retry_after_s)
             return
         try:
             await self.mailbox.open.remote(sid, self.config.lease_timeout_s)
+            self.metrics.session_start("accepted")
             yield ChatAccepted(sid, self.replica_id, self.engine.takes_audio, self.mailbox)
             inbox: list[object] = []
             while True:
@@ -128,12 +135,15 @@ class UnderstandingServer:
             stop=stop,
         )
         text, error, interrupted = "", None, False
-        next_check = time.monotonic() + CHECK_INTERVAL_S
+        began = time.monotonic()
+        next_check = began + CHECK_INTERVAL_S
         try:
             while True:
                 delta = await asyncio.to_thread(next, deltas, None)
                 if delta is None:
                     break
+                if not text:
+                    self.metrics.first_chunk(time.monotonic() - began)  # time to first token
                 text += delta
                 yield TextDelta(query.query_id, delta)
                 if time.monotonic() >= next_check:

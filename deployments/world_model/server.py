@@ -15,9 +15,12 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import ray
+
 from deployments.config import AppConfig
 from deployments.generation.interactions import InteractionRefused
 from deployments.generation.session import SessionConfig
+from deployments.observability.metrics import ReplicaMetrics
 from deployments.sessions.slots import SessionSlots
 from deployments.world_model.messages import (
     Interact,
@@ -43,43 +46,42 @@ class WorldModelServer:
         import torch
         from ray import serve
 
-        from deployments.generation.engine import WorldModelEngine
         from deployments.models.ensure import ensure_tiny_models
-        from deployments.world_model.capacity import measure_footprint, session_slots
         from deployments.sessions.mailbox import MailboxActor
+        from deployments.world_model.capacity import session_slots
+        from deployments.world_model.engine_host import make_engine_host
 
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         self.config = config
         path = ensure_tiny_models(config.model_path) if config.build_tiny_models else config.model_path
-        device = "cuda" if torch.cuda.is_available() and config.accelerator != "cpu" else "cpu"
-        self.engine = WorldModelEngine.from_pretrained(path, device=device, dtype=config.torch_dtype)
-        footprint = measure_footprint(self.engine, config.height, config.width)
-        self.capacity = session_slots(footprint, config.max_sessions_per_replica, config.gpu_memory_fraction, self.engine.device)
+        self.host = make_engine_host(path, config.accelerator, config.torch_dtype, config.tensor_parallel_size)
+        self.host.start()
+        footprint = self.host.footprint(config.height, config.width)
+        self.capacity = session_slots(footprint, config.max_sessions_per_replica, config.gpu_memory_fraction, self.host.device)
         self.footprint = footprint
         self.mailbox = MailboxActor.remote()
         try:
             self.replica_id = serve.get_replica_context().replica_id.unique_id
         except Exception:  # outside Serve (tests of the class itself)
             self.replica_id = "local"
-        self.slots = SessionSlots(self.capacity)
+        self.metrics = ReplicaMetrics("video")
+        self.slots = SessionSlots(self.capacity, on_change=self.metrics.slots)
         logger.info("world model %s ready: %d session slots, %.1f MiB per session", path, self.capacity, footprint.total / 2**20)
 
     # -- Serve hooks ---------------------------------------------------------
     def record_routing_stats(self) -> dict:
         return self.slots.routing_stats()
 
+    def record_autoscaling_stats(self) -> dict:
+        return self.slots.autoscaling_stats()
+
     def model_info(self) -> dict:
         """What the ingress needs to validate a session.start for this model, without loading it."""
-        g = self.engine.geometry
-        return {
-            "frames_per_block": g.num_frames_per_block,
-            "temporal_factor": g.scale_factor_temporal,
-            "size_multiple": g.size_multiple,
-            "image_conditioned": self.engine.image_conditioned,
-            "accepts_camera": self.engine.accepts_camera,
-            "pipeline_depth": PIPELINE_DEPTH,
-        }
+        return {**self.host.info(), "pipeline_depth": PIPELINE_DEPTH, "tensor_parallel_size": self.config.tensor_parallel_size}
+
+    async def check_health(self) -> None:
+        await self.host.check()
 
     async def stats(self) -> dict:
         """For tests and operators: what this replica holds right now."""
@@ -90,55 +92,85 @@ class WorldModelServer:
             "sessions": self.slots.held,
             "mailbox_sessions": await self.mailbox.sessions.remote(),
             "footprint_bytes": self.footprint.total,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "ranks": await self.host.ranks(),
         }
 
+    async def rollout_latents(self, request: SessionRequest, blocks: int) -> list:
+        """Each block's clean latents for a session's first `blocks` blocks, through this replica's engine
+        (every rank): for exactness checks between deployments (TP=2 against TP=1) and benchmarks."""
+        if not self.slots.try_take(request.session_id):
+            raise RuntimeError("no free session slot on this replica")
+        try:
+            await self.host.open(_session_config(request), request.session_id)
+            try:
+                return [(await self.host.generate(request.session_id)).latents for _ in range(blocks)]
+            finally:
+                await self.host.close(request.session_id)
+        finally:
+            self.slots.release(request.session_id)
+
     # -- one session -----------------------------------------------------------
-    async def _next_block(self, session, request: SessionRequest, deadline: float, done: int) -> "_Step":
+    async def _next_block(self, sid: str, request: SessionRequest, deadline: float, done: int) -> "_Step":
         """Apply the mailbox at this boundary, then start the next block in a worker thread (or say why not)."""
         failures: list[InteractionFailed] = []
         if request.num_blocks is not None and done >= request.num_blocks:
             return _Step(None, failures, "complete")
-        delivery = await self.mailbox.take.remote(session.session_id)
+        delivery = await self.mailbox.take.remote(sid)
         stop = False
         for message in delivery.messages:
             if isinstance(message, Stop):
                 stop = True
             elif isinstance(message, Interact):
                 try:
-                    session.submit(message.interaction)
+                    await self.host.submit(sid, message.interaction)
+                    self.metrics.interaction("applied")
                 except InteractionRefused as exc:
+                    self.metrics.interaction("failed")
                     failures.append(InteractionFailed(message.interaction.event_id, str(exc)))
         if stop:
             return _Step(None, failures, "stopped")
         if delivery.lease_expired:
-            logger.warning("session %s: lease expired, dropping it", session.session_id)
+            logger.warning("session %s: lease expired, dropping it", sid)
             return _Step(None, failures, "lease_expired")
         if time.monotonic() > deadline:
             return _Step(None, failures, "max_length")
-        return _Step(asyncio.ensure_future(asyncio.to_thread(self.engine.generate_block, session)), failures)
+        return _Step(asyncio.ensure_future(self._timed_block(sid)), failures)
+
+    async def _timed_block(self, sid: str):
+        began = time.perf_counter()
+        block = await self.host.generate(sid)
+        self.metrics.block(time.perf_counter() - began, block.metadata.num_frames)
+        return block
 
     async def run_session(self, request: SessionRequest) -> AsyncIterator[object]:
         sid = request.session_id
         if not self.slots.try_take(sid):
             # Refuse at once so the ingress can try another replica; never queue a session.
+            self.metrics.session_start("over_capacity")
             yield SessionRefused("over_capacity", "no free session slot on this replica", self.config.retry_after_s)
             return
-        session = encoder = generating = None
+        began = time.monotonic()
+        opened = False
+        encoder = generating = None
         try:
             await self.mailbox.open.remote(sid, self.config.lease_timeout_s)
             try:
-                session = await asyncio.to_thread(self.engine.open_session, _session_config(request), sid)
+                seed = await self.host.open(_session_config(request), sid)
+                opened = True
             except ValueError as exc:
+                self.metrics.session_start("invalid_request")
                 yield SessionRefused("invalid_request", str(exc))
                 return
-            yield SessionAccepted(sid, self.replica_id, session.seed, self.mailbox)
+            self.metrics.session_start("accepted")
+            yield SessionAccepted(sid, self.replica_id, seed, self.mailbox)
 
             from deployments.media.fmp4 import AsyncFragmentEncoder
 
             encoder = AsyncFragmentEncoder(request.width, request.height, request.fps)
             deadline = time.monotonic() + self.config.max_session_seconds
             blocks = frames = 0
-            step = await self._next_block(session, request, deadline, blocks)
+            step = await self._next_block(sid, request, deadline, blocks)
             generating = step.future
             while generating is not None:
                 for failure in step.failures:
@@ -148,10 +180,12 @@ class WorldModelServer:
                 blocks += 1
                 frames += block.metadata.num_frames
                 # Start the next block before encoding this one: encoding runs beside the denoising.
-                step = await self._next_block(session, request, deadline, blocks)
+                step = await self._next_block(sid, request, deadline, blocks)
                 generating = step.future
                 piece = await encoder.encode(block.frames)
                 meta = block.metadata
+                if meta.block_index == 0:
+                    self.metrics.first_chunk(time.monotonic() - began)
                 yield MediaChunk(
                     piece.data,
                     piece.num_frames,
@@ -172,14 +206,14 @@ class WorldModelServer:
             yield SessionEnded(stopped=reason == "stopped", reason=reason, blocks=blocks, frames=frames)
         finally:
             if generating is not None and not generating.done():
-                # The engine thread still holds the session's tensors: stop it at its next step, then wait.
-                session.cancel()
+                # The engine still holds the session's tensors: stop it at its next step, then wait.
+                self.host.cancel(sid)
                 await asyncio.wait([generating])
                 generating.exception()  # retrieved: SessionCancelled is the expected outcome
             if encoder is not None:
                 encoder.shutdown()
-            if session is not None:
-                session.close()
+            if opened:
+                await self.host.close(sid)
             self.slots.release(sid)
             try:
                 self.mailbox.close.remote(sid)

@@ -1,0 +1,250 @@
+"""Where a WorldModel replica's engine runs: in its own process, or sharded over rank workers.
+
+Both hosts speak the same small async protocol, by session id, so the replica's
+block loop does not know which one it has:
+
+- `LocalEngineHost`: tensor_parallel_size 1; the engine lives in the replica.
+- `TensorParallelHost`: one `RankWorker` actor per rank, each in its own GPU
+  bundle of the replica's placement group (bundle 0 is the replica's). The
+  ranks form a torch.distributed group (NCCL on GPUs, gloo on CPU), each holds
+  1/N of the transformer and of every session's KV cache, and every call goes
+  to all of them so they run each block in lockstep; rank 0's frames are the
+  answer. A rank that dies takes the replica down with it (the replica's
+  sessions then see `replica_lost` and Serve starts a new replica).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import secrets
+import socket
+from pathlib import Path
+
+import ray
+
+from deployments.generation.interactions import Interaction
+from deployments.generation.session import GeneratedBlock, SessionConfig
+
+logger = logging.getLogger("ray.serve")
+
+
+def _device(accelerator: str) -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() and accelerator != "cpu" else "cpu"
+
+
+class EngineSessions:
+    """One engine and the sessions open on it, by id (what each host, and each rank, keeps)."""
+
+    def __init__(self, path: Path, device: str, dtype, tensor_parallel=None) -> None:
+        from deployments.generation.engine import WorldModelEngine
+
+        self.engine = WorldModelEngine.from_pretrained(path, device=device, dtype=dtype, tensor_parallel=tensor_parallel)
+        self.sessions: dict = {}
+
+    def info(self) -> dict:
+        g = self.engine.geometry
+        return {
+            "frames_per_block": g.num_frames_per_block,
+            "temporal_factor": g.scale_factor_temporal,
+            "size_multiple": g.size_multiple,
+            "image_conditioned": self.engine.image_conditioned,
+            "accepts_camera": self.engine.accepts_camera,
+            "device": str(self.engine.device),
+        }
+
+    def footprint(self, height: int, width: int):
+        from deployments.world_model.capacity import measure_footprint
+
+        return measure_footprint(self.engine, height, width)
+
+    def open(self, config: SessionConfig, session_id: str) -> int:
+        self.sessions[session_id] = self.engine.open_session(config, session_id)
+        return self.sessions[session_id].seed
+
+    def submit(self, session_id: str, interaction: Interaction) -> None:
+        self.sessions[session_id].submit(interaction)
+
+    def generate(self, session_id: str) -> GeneratedBlock:
+        return self.engine.generate_block(self.sessions[session_id])
+
+    def cancel(self, session_id: str) -> None:
+        session = self.sessions.get(session_id)
+        if session is not None:
+            session.cancel()
+
+    def close(self, session_id: str) -> None:
+        session = self.sessions.pop(session_id, None)
+        if session is not None:
+            session.close()
+
+
+class LocalEngineHost:
+    def __init__(self, path: Path, accelerator: str, dtype) -> None:
+        self.local = EngineSessions(path, _device(accelerator), dtype)
+
+    def start(self) -> None:
+        pass
+
+    def info(self) -> dict:
+        return self.local.info()
+
+    def footprint(self, height: int, width: int):
+        return self.local.footprint(height, width)
+
+    @property
+    def device(self):
+        return self.local.engine.device
+
+    async def open(self, config: SessionConfig, session_id: str) -> int:
+        return await asyncio.to_thread(self.local.open, config, session_id)
+
+    async def submit(self, session_id: str, interaction: Interaction) -> None:
+        self.local.submit(session_id, interaction)
+
+    async def generate(self, session_id: str) -> GeneratedBlock:
+        return await asyncio.to_thread(self.local.generate, session_id)
+
+    def cancel(self, session_id: str) -> None:
+        self.local.cancel(session_id)
+
+    async def close(self, session_id: str) -> None:
+        self.local.close(session_id)
+
+    async def ranks(self) -> list[dict]:
+        return [{"rank": 0, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": ray.get_gpu_ids()}]
+
+    async def check(self) -> None:
+        pass
+
+
+@ray.remote(max_concurrency=4)  # `cancel` must get in while `generate` runs
+class RankWorker:
+    def __init__(self, rank: int, world_size: int, init_method: str, path: str, accelerator: str, dtype_name: str) -> None:
+        import torch
+
+        from deployments.generation.tensor_parallel import TensorParallel
+
+        device = _device(accelerator)
+        if device == "cuda":
+            torch.cuda.set_device(0)  # Ray gives each rank exactly its own GPU
+        tp = TensorParallel.initialize(rank, world_size, init_method, device_type=device)
+        self.rank = rank
+        self.local = EngineSessions(Path(path), device, getattr(torch, dtype_name), tensor_parallel=tp)
+
+    def describe(self) -> dict:
+        return {"rank": self.rank, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": ray.get_gpu_ids()}
+
+    def info(self) -> dict:
+        return self.local.info()
+
+    def footprint(self, height: int, width: int):
+        return self.local.footprint(height, width)
+
+    def open(self, config: SessionConfig, session_id: str) -> int:
+        return self.local.open(config, session_id)
+
+    def submit(self, session_id: str, interaction: Interaction) -> None:
+        self.local.submit(session_id, interaction)
+
+    def generate(self, session_id: str) -> GeneratedBlock | None:
+        block = self.local.generate(session_id)
+        return block if self.rank == 0 else None  # only rank 0 decodes; the others just keep in step
+
+    def cancel(self, session_id: str) -> None:
+        self.local.cancel(session_id)
+
+    def close(self, session_id: str) -> None:
+        self.local.close(session_id)
+
+
+class TensorParallelHost:
+    def __init__(self, path: Path, accelerator: str, dtype, world_size: int) -> None:
+        from ray.util.placement_group import get_current_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        group = get_current_placement_group()
+        if group is None:
+            raise RuntimeError("tensor_parallel_size > 1 needs the replica's placement group (one GPU bundle per rank)")
+        init_method = f"tcp://{ray.util.get_node_ip_address()}:{_free_port()}"
+        dtype_name = str(dtype).removeprefix("torch.")
+        bundles = group.bundle_specs
+        if len(bundles) != world_size + 1:
+            raise RuntimeError(f"the replica's placement group has {len(bundles)} bundles, expected 1 + {world_size} ranks")
+        self.workers = [
+            RankWorker.options(
+                # Each rank takes exactly what its bundle holds: a GPU on GPU clusters.
+                num_cpus=bundles[rank + 1].get("CPU", 0),
+                num_gpus=bundles[rank + 1].get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank + 1),
+            ).remote(rank, world_size, init_method, str(path), accelerator, dtype_name)
+            for rank in range(world_size)
+        ]
+        self._info: dict | None = None
+
+    def start(self) -> None:
+        # The ranks meet in init_process_group inside their constructors: wait for all of them.
+        self._info = ray.get([w.info.remote() for w in self.workers])[0]
+
+    async def _all(self, method: str, *args):
+        try:
+            return await asyncio.gather(*(getattr(w, method).remote(*args) for w in self.workers))
+        except ray.exceptions.RayActorError:
+            # A rank is gone: its peers would wait in a collective forever. Take the replica down
+            # (the ranks go with it) so Serve starts a fresh one and the sessions hear replica_lost.
+            logger.error("a tensor-parallel rank died; stopping this replica")
+            os._exit(1)
+
+    def info(self) -> dict:
+        return self._info
+
+    def footprint(self, height: int, width: int):
+        return ray.get(self.workers[0].footprint.remote(height, width))
+
+    @property
+    def device(self):
+        import torch
+
+        return torch.device("cpu")  # the replica itself holds no GPU; its ranks report their memory
+
+    async def open(self, config: SessionConfig, session_id: str) -> int:
+        if config.seed is None:
+            # Every rank must draw the same noise: settle the seed here, not on each rank.
+            config = dataclasses.replace(config, seed=secrets.randbits(63))
+        return (await self._all("open", config, session_id))[0]
+
+    async def submit(self, session_id: str, interaction: Interaction) -> None:
+        # The engine refuses the same interactions on every rank; rank 0 raises it for all.
+        await self._all("submit", session_id, interaction)
+
+    async def generate(self, session_id: str) -> GeneratedBlock:
+        return (await self._all("generate", session_id))[0]
+
+    def cancel(self, session_id: str) -> None:
+        for worker in self.workers:
+            worker.cancel.remote(session_id)
+
+    async def close(self, session_id: str) -> None:
+        await self._all("close", session_id)
+
+    async def ranks(self) -> list[dict]:
+        return await self._all("describe")
+
+    async def check(self) -> None:
+        await asyncio.wait_for(self._all("describe"), timeout=30)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def make_engine_host(path: Path, accelerator: str, dtype, tensor_parallel_size: int):
+    if tensor_parallel_size == 1:
+        return LocalEngineHost(path, accelerator, dtype)
+    return TensorParallelHost(path, accelerator, dtype, tensor_parallel_size)
