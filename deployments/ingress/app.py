@@ -4,8 +4,11 @@
 # the real `WebSocket` class in their signatures (a string annotation makes it refuse the handshake, 403).
 
 import os
+from pathlib import Path
 
 from fastapi import FastAPI, WebSocket
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -14,7 +17,11 @@ from deployments.ingress.chat_session import ChatSession
 from deployments.ingress.video_session import VideoSession
 from deployments.observability.metrics import IngressMetrics
 
+WEB = Path(__file__).resolve().parents[2] / "clients" / "web"
+
 app = FastAPI(title="realtime-video")
+# The pages' scripts and styles; the pages themselves answer at / and /chat.
+app.mount("/static", StaticFiles(directory=WEB, check_dir=False), name="static")
 
 
 @serve.deployment(name="VideoIngress")
@@ -32,6 +39,14 @@ class VideoIngress:
         if name not in self._info:
             self._info[name] = await handle.model_info.remote()
         return self._info[name]
+
+    @app.get("/")
+    async def player_page(self) -> FileResponse:
+        return FileResponse(WEB / "index.html")
+
+    @app.get("/chat")
+    async def chat_page(self) -> FileResponse:
+        return FileResponse(WEB / "chat.html")
 
     @app.get("/healthz")
     async def healthz(self) -> dict:

@@ -57,10 +57,12 @@ class EngineSessions:
             "device": str(self.engine.device),
         }
 
-    def footprint(self, height: int, width: int):
-        from deployments.world_model.capacity import measure_footprint
+    def capacity(self, height: int, width: int, cap: int | None, gpu_memory_fraction: float):
+        """(session slots, footprint) on this engine's device: its memory budget over one session's state."""
+        from deployments.world_model.capacity import measure_footprint, session_slots
 
-        return measure_footprint(self.engine, height, width)
+        footprint = measure_footprint(self.engine, height, width)
+        return session_slots(footprint, cap, gpu_memory_fraction, self.engine.device), footprint
 
     def open(self, config: SessionConfig, session_id: str) -> int:
         self.sessions[session_id] = self.engine.open_session(config, session_id)
@@ -93,12 +95,8 @@ class LocalEngineHost:
     def info(self) -> dict:
         return self.local.info()
 
-    def footprint(self, height: int, width: int):
-        return self.local.footprint(height, width)
-
-    @property
-    def device(self):
-        return self.local.engine.device
+    def capacity(self, height: int, width: int, cap: int | None, gpu_memory_fraction: float):
+        return self.local.capacity(height, width, cap, gpu_memory_fraction)
 
     async def open(self, config: SessionConfig, session_id: str) -> int:
         return await asyncio.to_thread(self.local.open, config, session_id)
@@ -142,8 +140,8 @@ class RankWorker:
     def info(self) -> dict:
         return self.local.info()
 
-    def footprint(self, height: int, width: int):
-        return self.local.footprint(height, width)
+    def capacity(self, height: int, width: int, cap: int | None, gpu_memory_fraction: float):
+        return self.local.capacity(height, width, cap, gpu_memory_fraction)
 
     def open(self, config: SessionConfig, session_id: str) -> int:
         return self.local.open(config, session_id)
@@ -202,14 +200,10 @@ class TensorParallelHost:
     def info(self) -> dict:
         return self._info
 
-    def footprint(self, height: int, width: int):
-        return ray.get(self.workers[0].footprint.remote(height, width))
-
-    @property
-    def device(self):
-        import torch
-
-        return torch.device("cpu")  # the replica itself holds no GPU; its ranks report their memory
+    def capacity(self, height: int, width: int, cap: int | None, gpu_memory_fraction: float):
+        """Each rank measures its own GPU (it holds 1/N of every KV cache); the tightest rank decides."""
+        answers = ray.get([w.capacity.remote(height, width, cap, gpu_memory_fraction) for w in self.workers])
+        return min(answers, key=lambda answer: answer[0])
 
     async def open(self, config: SessionConfig, session_id: str) -> int:
         if config.seed is None:

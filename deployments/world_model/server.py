@@ -48,7 +48,6 @@ class WorldModelServer:
 
         from deployments.models.ensure import ensure_tiny_models
         from deployments.sessions.mailbox import MailboxActor
-        from deployments.world_model.capacity import session_slots
         from deployments.world_model.engine_host import make_engine_host
 
         if config.torch_threads:
@@ -57,9 +56,9 @@ class WorldModelServer:
         path = ensure_tiny_models(config.model_path) if config.build_tiny_models else config.model_path
         self.host = make_engine_host(path, config.accelerator, config.torch_dtype, config.tensor_parallel_size)
         self.host.start()
-        footprint = self.host.footprint(config.height, config.width)
-        self.capacity = session_slots(footprint, config.max_sessions_per_replica, config.gpu_memory_fraction, self.host.device)
-        self.footprint = footprint
+        self.capacity, self.footprint = self.host.capacity(
+            config.height, config.width, config.max_sessions_per_replica, config.gpu_memory_fraction
+        )
         self.mailbox = MailboxActor.remote()
         try:
             self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -67,7 +66,7 @@ class WorldModelServer:
             self.replica_id = "local"
         self.metrics = ReplicaMetrics("video")
         self.slots = SessionSlots(self.capacity, on_change=self.metrics.slots)
-        logger.info("world model %s ready: %d session slots, %.1f MiB per session", path, self.capacity, footprint.total / 2**20)
+        logger.info("world model %s ready: %d session slots, %.1f MiB per session", path, self.capacity, self.footprint.total / 2**20)
 
     # -- Serve hooks ---------------------------------------------------------
     def record_routing_stats(self) -> dict:
