@@ -46,8 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from clients.common import connect_kwargs, open_websocket
 from clients.common import one_line as _one_line
-from clients.common import open_websocket
 
 PATH = "/v1/video/chat/stream"
 MAX_FRAME_BYTES = 10 * 1024 * 1024  # the server's decoded size limit of a frame
@@ -571,14 +571,7 @@ class ChatStreamClient:
         self.url = chat_url(url)
         self.open_timeout = open_timeout
         self.on_event = on_event
-        self._connect_kwargs = dict(
-            max_size=max_size,
-            ping_interval=ping_interval,
-            ping_timeout=ping_timeout,
-            close_timeout=close_timeout,
-            additional_headers=additional_headers,
-            open_timeout=open_timeout,
-        )
+        self._connect_kwargs = connect_kwargs(open_timeout, max_size, ping_interval, ping_timeout, close_timeout, additional_headers)
         self._ws = None
         self._t0: float | None = None
         self._result = ChatResult(url=self.url)

@@ -10,6 +10,18 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
+def connect_kwargs(open_timeout: float, max_size: int | None, ping_interval: float | None, ping_timeout: float | None, close_timeout: float, additional_headers: dict | None) -> dict:
+    """The `websockets` connect options both clients take (keepalive pings, no size cap on media)."""
+    return dict(
+        max_size=max_size,
+        ping_interval=ping_interval,
+        ping_timeout=ping_timeout,
+        close_timeout=close_timeout,
+        additional_headers=additional_headers,
+        open_timeout=open_timeout,
+    )
+
+
 async def open_websocket(url: str, open_timeout: float, connect_kwargs: dict, input_error: type[Exception], connection_error: type[Exception]):
     """`websockets` connect, with every way it can fail turned into one readable line."""
     from websockets.asyncio.client import connect

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from clients.common import open_websocket
+from clients.common import connect_kwargs, open_websocket
 from deployments.protocol.keys import KEYS
 from deployments.protocol.timeline import (
     FRAMES_PER_BLOCK,
@@ -618,14 +618,7 @@ class VideoStreamClient:
     ) -> None:
         self.url = video_url(url)
         self.open_timeout = open_timeout
-        self._connect_kwargs = dict(
-            max_size=max_size,
-            ping_interval=ping_interval,
-            ping_timeout=ping_timeout,
-            close_timeout=close_timeout,
-            additional_headers=additional_headers,
-            open_timeout=open_timeout,
-        )
+        self._connect_kwargs = connect_kwargs(open_timeout, max_size, ping_interval, ping_timeout, close_timeout, additional_headers)
         self._ws = None
         self._t0: float | None = None
         self._result = SessionResult(url=self.url)

@@ -1,6 +1,7 @@
 """FreeSlotsRouter's ranking, with replicas described the way Serve hands them to it."""
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -58,10 +59,20 @@ def test_placements_since_the_last_report_count_against_a_replica():
         router.on_request_routed(request(), replica_id, None)
     # Five sessions back to back, stats unchanged: 3 on a, 2 on b, never all on a.
     assert sorted(chosen) == ["a", "a", "a", "b", "b"]
-    # A fresh report already counts those placements: the router stops subtracting them.
-    a.routing_stats = {"free_slots": 0, "reported_at": 2.0}
-    b.routing_stats = {"free_slots": 0, "reported_at": 2.0}
+    # A report taken after the placements already counts them: the router stops subtracting them.
+    later = time.time() + 1
+    a.routing_stats = {"free_slots": 0, "reported_at": later}
+    b.routing_stats = {"free_slots": 0, "reported_at": later}
     assert ranks(router, [a, b]) == [["a", "b"]]
+
+
+def test_a_report_taken_before_a_placement_does_not_erase_it():
+    a = Replica("a", {"free_slots": 2, "reported_at": 1.0})
+    b = Replica("b", {"free_slots": 2, "reported_at": 1.0})
+    router = make_router([a, b])
+    router.on_request_routed(request(), "a", None)
+    a.routing_stats = {"free_slots": 2, "reported_at": time.time() - 0.5}  # taken just before the session arrived
+    assert ranks(router, [a, b]) == [["b"], ["a"]]
 
 
 def test_unreported_replicas_are_tried_first_and_other_calls_are_not_counted():

@@ -282,3 +282,35 @@ def test_over_capacity_then_a_disconnect_frees_a_slot(address):
     assert first["type"] == "error" and first["code"] == "over_capacity" and first["retry_after_s"] > 0
     assert t.close_code == 1013
     assert after["type"] == "video.start"
+
+
+# -- pacing (extension) ---------------------------------------------------------------
+def test_paced_chunks_follow_the_media_timeline(address):
+    async def go():
+        ws, t, first = await start(address, prompt="paced", num_frames=45, fps=16, extra_params={"pace_to_media_time": True})
+        arrivals = []
+        async with ws:
+            while True:
+                message = await until(ws, t, lambda m: m["type"] in ("video.chunk_metadata", "session.done"))
+                if message is None or message["type"] == "session.done":
+                    break
+                arrivals.append((time.monotonic(), message))
+                await send(ws, {"type": "session.playback", "position_seconds": max(0.0, time.monotonic() - arrivals[0][0] - 0.1)})
+            await run_to_end(ws, t)
+        return t, arrivals
+
+    t, arrivals = run(go())
+    assert not t.errors and t.done["stopped"] is False
+    media = [(at, m) for at, m in arrivals if m["kind"] == "media"]
+    start_at, before = media[0][0], 0
+    for at, meta in media:
+        # A chunk leaves no earlier than its first frame's media time (a little slack for the socket).
+        assert at - start_at >= before / 16 - 0.15, (before, at - start_at)
+        before += meta["num_frames"]
+    assert media[-1][0] - start_at >= (before - media[-1][1]["num_frames"]) / 16 - 0.15 >= 1.5
+
+
+def test_bad_pacing_parameters_are_refused(address):
+    _, t = run(full_session(address, prompt="x", extra_params={"pace_to_media_time": True, "pacing_lead_seconds": -1}))
+    assert t.errors[0]["message"] == "Invalid session.start: extra_params.pacing_lead_seconds must be a finite number >= 0"
+    assert t.close_code == 1008

@@ -30,6 +30,7 @@ from deployments.world_model.messages import (
     Stop,
     Trailer,
 )
+from deployments.world_model.pacing import PacingError, PacingSettings
 
 
 class VideoSession(WebSocketSession):
@@ -55,8 +56,12 @@ class VideoSession(WebSocketSession):
             start = video.parse_session_start(raw)
             video.check_model(start, [self.config.model_name])
             resolved = video.resolve_generation(start, self._defaults())
+            pacing = PacingSettings.from_extra_params(resolved.extra_params)
         except ProtocolError as exc:
             await self.fail(exc)
+            return
+        except PacingError as exc:
+            await self.fail(ProtocolError(f"Invalid session.start: {exc}", errors.INVALID_REQUEST, close_code=errors.CLOSE_POLICY))
             return
 
         request = SessionRequest(
@@ -70,6 +75,7 @@ class VideoSession(WebSocketSession):
             num_inference_steps=resolved.num_inference_steps,
             flow_shift=resolved.flow_shift,
             image=resolved.image,
+            pacing=pacing,
         )
         first = await self.open_stream(self.world, "run_session", request, SessionAccepted, self.config.retry_after_s)
         if not isinstance(first, SessionAccepted):

@@ -2,13 +2,15 @@
 
 Replicas report free slots through `record_routing_stats`, but only every
 `request_routing_stats_period_s`: sessions opened back to back would all land
-on the replica that last looked emptiest. So the router also counts its own
-placements since each replica's last report and subtracts them.
+on the replica that last looked emptiest. So the router also remembers when it
+placed each session and subtracts those placed after a replica's last report
+(a report taken before a placement may arrive after it).
 """
 
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 from ray.serve.request_router import (
@@ -25,18 +27,18 @@ SESSION_METHOD = "run_session"  # the default; a deployment names its own in req
 class FreeSlotsRouter(RequestRouter):
     def initialize_state(self, session_method: str = SESSION_METHOD, **kwargs: Any) -> None:
         self._session_method = session_method
-        self._placed: dict[ReplicaID, tuple[float, int]] = {}  # replica -> (report time seen, placed since)
+        self._placed: dict[ReplicaID, list[float]] = {}  # replica -> when we sent it each recent session
 
     def _free_slots(self, replica: RunningReplica) -> float:
         stats = replica.routing_stats or {}
         free = stats.get("free_slots")
         if free is None:
             return float("inf")  # not reported yet: a fresh replica is the emptiest there is
+        # A report counts the sessions placed before it was taken; subtract the ones placed after.
         reported_at = stats.get("reported_at", 0.0)
-        seen_at, placed = self._placed.get(replica.replica_id, (reported_at, 0))
-        if seen_at != reported_at:
-            placed = 0  # a newer report already counts our earlier placements
-        return free - placed
+        placed = [t for t in self._placed.get(replica.replica_id, []) if t > reported_at]
+        self._placed[replica.replica_id] = placed
+        return free - len(placed)
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -52,7 +54,4 @@ class FreeSlotsRouter(RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult) -> None:
         if pending_request.metadata.call_method != self._session_method:
             return
-        replica = self.curr_replicas.get(replica_id)
-        reported_at = ((replica.routing_stats if replica else None) or {}).get("reported_at", 0.0)
-        seen_at, placed = self._placed.get(replica_id, (reported_at, 0))
-        self._placed[replica_id] = (reported_at, (placed if seen_at == reported_at else 0) + 1)
+        self._placed.setdefault(replica_id, []).append(time.time())

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from deployments.generation.interactions import Interaction
+from deployments.world_model.pacing import PacingSettings
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class SessionRequest:
     num_inference_steps: int | None = None
     flow_shift: float | None = None
     image: np.ndarray | None = None
+    pacing: PacingSettings | None = None  # release chunks on the media timeline (extra_params.pace_to_media_time)
 
 
 # -- replica -> ingress (items of the session stream) ---------------------------------

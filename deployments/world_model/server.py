@@ -26,6 +26,7 @@ from deployments.world_model.messages import (
     Interact,
     InteractionFailed,
     MediaChunk,
+    Playback,
     SessionAccepted,
     SessionEnded,
     SessionRefused,
@@ -33,6 +34,7 @@ from deployments.world_model.messages import (
     Stop,
     Trailer,
 )
+from deployments.world_model.pacing import MediaClock
 
 logger = logging.getLogger("ray.serve")
 
@@ -117,9 +119,12 @@ class WorldModelServer:
             return _Step(None, failures, "complete")
         delivery = await self.mailbox.take.remote(sid)
         stop = False
+        playback = None
         for message in delivery.messages:
             if isinstance(message, Stop):
                 stop = True
+            elif isinstance(message, Playback):
+                playback = message.position_seconds
             elif isinstance(message, Interact):
                 try:
                     await self.host.submit(sid, message.interaction)
@@ -128,13 +133,13 @@ class WorldModelServer:
                     self.metrics.interaction("failed")
                     failures.append(InteractionFailed(message.interaction.event_id, str(exc)))
         if stop:
-            return _Step(None, failures, "stopped")
+            return _Step(None, failures, "stopped", playback)
         if delivery.lease_expired:
             logger.warning("session %s: lease expired, dropping it", sid)
             return _Step(None, failures, "lease_expired")
         if time.monotonic() > deadline:
             return _Step(None, failures, "max_length")
-        return _Step(asyncio.ensure_future(self._timed_block(sid)), failures)
+        return _Step(asyncio.ensure_future(self._timed_block(sid)), failures, playback=playback)
 
     async def _timed_block(self, sid: str):
         began = time.perf_counter()
@@ -168,7 +173,8 @@ class WorldModelServer:
 
             encoder = AsyncFragmentEncoder(request.width, request.height, request.fps)
             deadline = time.monotonic() + self.config.max_session_seconds
-            blocks = frames = 0
+            clock = MediaClock(request.pacing) if request.pacing is not None else None
+            blocks = frames = sent_frames = 0
             step = await self._next_block(sid, request, deadline, blocks)
             generating = step.future
             while generating is not None:
@@ -182,6 +188,11 @@ class WorldModelServer:
                 step = await self._next_block(sid, request, deadline, blocks)
                 generating = step.future
                 piece = await encoder.encode(block.frames)
+                if clock is not None:
+                    if step.playback is not None:
+                        clock.observe_playback(step.playback)
+                    await asyncio.sleep(clock.delay(sent_frames / request.fps))
+                sent_frames += piece.num_frames
                 meta = block.metadata
                 if meta.block_index == 0:
                     self.metrics.first_chunk(time.monotonic() - began)
@@ -225,6 +236,7 @@ class _Step:
     future: asyncio.Future | None
     failures: list[InteractionFailed]
     reason: str = "complete"
+    playback: float | None = None  # the client's latest reported playback position
 
 
 def _session_config(request: SessionRequest) -> SessionConfig:

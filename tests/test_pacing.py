@@ -1,0 +1,46 @@
+import pytest
+
+from deployments.world_model.pacing import MediaClock, PacingError, PacingSettings
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_settings_from_extra_params():
+    assert PacingSettings.from_extra_params({}) is None
+    assert PacingSettings.from_extra_params({"pace_to_media_time": True}) == PacingSettings(0.0, 5.0)
+    assert PacingSettings.from_extra_params({"pace_to_media_time": True, "pacing_lead_seconds": 0.5, "pacing_max_lag_seconds": None}) == PacingSettings(0.5, None)
+    for bad in ({"pace_to_media_time": "yes"}, {"pace_to_media_time": True, "pacing_lead_seconds": -1}, {"pace_to_media_time": True, "pacing_max_lag_seconds": 0}):
+        with pytest.raises(PacingError):
+            PacingSettings.from_extra_params(bad)
+
+
+def test_chunks_wait_for_their_media_time_minus_the_lead():
+    now = Clock()
+    clock = MediaClock(PacingSettings(lead_seconds=0.25), now)
+    assert clock.delay(0.0) == 0.0  # the first chunk anchors the timeline
+    assert clock.delay(1.0) == pytest.approx(0.75)
+    now.t += 2.0
+    assert clock.delay(1.5) == 0.0  # late: send at once
+
+
+def test_falling_far_behind_rebases_instead_of_bursting():
+    now = Clock()
+    clock = MediaClock(PacingSettings(max_lag_seconds=1.0), now)
+    clock.delay(0.0)
+    now.t += 10.0  # the generator stalled for 10 s
+    assert clock.delay(2.0) == 0.0
+    assert clock.delay(3.0) == pytest.approx(1.0)  # the next second of media waits a second again
+
+
+def test_playback_reports_anchor_the_timeline():
+    now = Clock()
+    clock = MediaClock(PacingSettings(), now)
+    clock.delay(0.0)
+    clock.observe_playback(0.5)  # the client is half a second in, right now
+    assert clock.delay(2.0) == pytest.approx(1.5)
