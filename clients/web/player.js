@@ -205,7 +205,9 @@ function readDataUrl(file) {
 async function start() {
   const prompt = $("prompt").value.trim();
   if (!prompt) return showError("Enter a prompt first.");
-  const message = { type: "session.start", prompt };
+  // Paced to playback: the server releases each chunk at its media time (half a second early),
+  // so a key press lands on screen within about a block instead of behind a growing buffer.
+  const message = { type: "session.start", prompt, extra_params: { pace_to_media_time: true, pacing_lead_seconds: 0.5 } };
   const seconds = $("seconds").value.trim();
   if (seconds) {
     if (!/^[1-9][0-9]*$/.test(seconds)) return showError("Length must be a whole number of seconds, or empty.");
