@@ -9,7 +9,7 @@ CONSTRAINTS ?= constraints/cpu.txt
 MODELS ?= models
 PYTEST_ARGS ?=
 
-.PHONY: setup models serve rollout test clean
+.PHONY: setup models serve rollout test bench clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ rollout: setup models
 test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# The benchmark suite (README, "Benchmarks"): one JSON on stdout, also written to bench/results/cpu.json.
+bench: setup
+	HF_HUB_OFFLINE=1 $(PY) -m bench.run_all --models $(MODELS)
 
 clean:
 	rm -rf $(MODELS) out

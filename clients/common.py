@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+
+API_KEY_ENV = "RTV_API_KEY"
 
 
 def one_line(text: object) -> str:
@@ -11,7 +14,13 @@ def one_line(text: object) -> str:
 
 
 def connect_kwargs(open_timeout: float, max_size: int | None, ping_interval: float | None, ping_timeout: float | None, close_timeout: float, additional_headers: dict | None) -> dict:
-    """The `websockets` connect options both clients take (keepalive pings, no size cap on media)."""
+    """The `websockets` connect options both clients take (keepalive pings, no size cap on media).
+
+    A server with API keys gets `$RTV_API_KEY` as a Bearer token unless the caller sets Authorization itself.
+    """
+    key = os.environ.get(API_KEY_ENV)
+    if key and not any(name.lower() == "authorization" for name in (additional_headers or {})):
+        additional_headers = {**(additional_headers or {}), "Authorization": f"Bearer {key}"}
     return dict(
         max_size=max_size,
         ping_interval=ping_interval,

@@ -409,12 +409,20 @@ async def drive_session(
         if on_start is not None:
             on_start(start)
         depth = start.pipeline_depth
+        fps = (start.raw.get("generation") or {}).get("fps")
+        paced = bool((start.config.get("extra_params") or {}).get("pace_to_media_time"))
+        stored_frames = 0
         await send_due(0, None)
         while (event := await client.next_event()) is not None:
             if isinstance(event, VideoChunk):
                 if event.kind == "media":
                     media = len(client.result().media_chunks)
                     await send_due(media, media - 1)
+                    stored_frames += event.metadata.num_frames
+                    if fps and not paced:
+                        # Kept as it arrives: say so, and the server's flow control never holds this client back.
+                        # Best effort: after the last chunk the server may already have closed.
+                        await _quiet(client.playback(stored_frames / fps))
                 if on_chunk is not None:
                     on_chunk(client.result(), event)
             elif isinstance(event, ServerError) and on_error is not None:

@@ -112,10 +112,17 @@ def ingress_options(config: AppConfig) -> dict[str, Any]:
     }
 
 
+def jobs_options(config: AppConfig) -> dict[str, Any]:
+    # Exactly one: it is the only writer of the jobs' SQLite file. Waiting callers (sync renders) and
+    # downloads each hold a request slot.
+    return {"num_replicas": 1, "max_ongoing_requests": 1000, "ray_actor_options": {"num_cpus": 0}}
+
+
 def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     import ray
 
     from deployments.ingress.app import VideoIngress
+    from deployments.jobs.server import VideoJobs
     from deployments.understanding.server import UnderstandingServer
     from deployments.world_model.server import WorldModelServer
 
@@ -130,4 +137,7 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
             .options(**understanding_options(config, understanding_gpus(config, gpus, cluster_gpus)))
             .bind(config)
         )
-    return VideoIngress.options(**ingress_options(config)).bind(config, world, understanding)
+    jobs = None
+    if config.jobs_db_path is not None:
+        jobs = serve.deployment(VideoJobs, name="VideoJobs").options(**jobs_options(config)).bind(config, world)
+    return VideoIngress.options(**ingress_options(config)).bind(config, world, understanding, jobs)

@@ -36,6 +36,7 @@ class AppConfig(BaseModel):
     # GPU nodes join later (KubeRay with the autoscaler) sets this false and lets the replicas wait.
     require_gpus_at_deploy: bool = True
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    vae_dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: the same as dtype
     tensor_parallel_size: PositiveInt = 1
     gpu_memory_fraction: float = Field(0.9, gt=0.0, le=1.0)
     num_replicas: PositiveInt = 1
@@ -45,6 +46,9 @@ class AppConfig(BaseModel):
     autoscaling_headroom_sessions: int = Field(0, ge=0)  # free slots to keep ready for the next viewers
     autoscaling_downscale_delay_s: PositiveFloat = 60.0
     max_sessions_per_replica: PositiveInt | None = 4  # None: as many as the memory budget allows
+    max_batch_sessions: PositiveInt = 8  # sessions of a replica denoised together in one forward, at most
+    # Decode each block beside the next block's denoising; None: on GPU replicas, off on CPU ones.
+    decode_beside_next_block: bool | None = None
     replica_cpus: float = Field(1.0, ge=0.0)
     torch_threads: PositiveInt | None = None
 
@@ -71,6 +75,33 @@ class AppConfig(BaseModel):
     graceful_shutdown_timeout_s: PositiveFloat = 3600.0
     ingress_max_ongoing_requests: PositiveInt = 1000
     num_ingress_replicas: PositiveInt = 1
+
+    # Access. API keys (also from the RTV_API_KEYS environment variable, comma-separated); none: open.
+    api_keys: list[str] = Field(default_factory=list)
+    allowed_origins: list[str] | None = None  # browser Origins allowed to connect; None: any; same-origin always
+    max_sessions_per_key: PositiveInt | None = None  # per ingress replica
+    # Input limits per session (PROTOCOL.md's message sizes are fixed; these are rates).
+    max_messages_per_second: PositiveFloat = 100.0  # any client message; bursts of twice that pass
+    max_frames_per_second_in: PositiveFloat = 30.0  # chat video.frame messages
+    # image_reference over http(s): only these hosts ("example.com", "*.example.com"); none: data URLs only.
+    image_url_allowed_hosts: list[str] = Field(default_factory=list)
+    image_url_allow_private_networks: bool = False  # loopback, private and link-local addresses
+    image_url_max_bytes: PositiveInt = 10 * 1024 * 1024
+    image_url_timeout_s: PositiveFloat = 10.0
+    # Slow clients (README, "Slow clients"): generation waits while it is this far ahead of the position the
+    # client confirms with session.playback; a reporting client stuck that long is dropped (client_too_slow).
+    max_media_ahead_s: PositiveFloat = 30.0
+    client_stalled_timeout_s: PositiveFloat = 20.0
+
+    # Video jobs API (HTTP). OpenAI's /v1/videos, run by one VideoJobs replica that owns the records.
+    # None: no jobs API (nothing written to disk). On a cluster, put both on storage that outlives the
+    # node (a volume; the content may be an fsspec URL such as s3://bucket/videos).
+    jobs_db_path: str | None = None  # SQLite file, e.g. state/jobs.db
+    jobs_content_dir: str = "state/videos"  # a folder or an fsspec URL
+    jobs_expiry_s: PositiveFloat = 86400.0  # a finished job and its video are removed this long after it ends
+    max_queued_jobs: PositiveInt = 64  # jobs waiting for a session slot; beyond: 503 with Retry-After
+    jobs_default_seconds: PositiveInt = 4  # OpenAI's default when a job gives neither seconds nor num_frames
+    jobs_sync_timeout_s: PositiveFloat = 600.0  # POST /v1/videos/sync gives up waiting after this
 
     @property
     def autoscaling(self) -> bool:
@@ -103,4 +134,10 @@ class AppConfig(BaseModel):
     def torch_dtype(self):
         import torch
 
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
+        return getattr(torch, self.dtype)
+
+    @property
+    def torch_vae_dtype(self):
+        import torch
+
+        return getattr(torch, self.vae_dtype or self.dtype)

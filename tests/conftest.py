@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -39,6 +40,35 @@ def engine(world_model_dir):
     from deployments.generation.engine import WorldModelEngine
 
     return WorldModelEngine.from_pretrained(world_model_dir)
+
+
+_REPORTS = pytest.StashKey[list]()
+
+
+def pytest_configure(config):
+    config.stash[_REPORTS] = []
+
+
+@pytest.fixture
+def report(request):
+    """`report(line)`: a line for the run's summary (fuzz example counts, leak and load readings)."""
+    return request.config.stash[_REPORTS].append
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    lines = config.stash.get(_REPORTS, [])
+    if lines:
+        terminalreporter.section("reports")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def omni_dir(tmp_path_factory):
+    """The tiny understanding model (Qwen2.5-Omni thinker layout), built once per test run."""
+    from deployments.models.tiny_vlm import make_tiny_vlm
+
+    return make_tiny_vlm(tmp_path_factory.mktemp("models") / "omni")
 
 
 def _free_port() -> int:
@@ -80,6 +110,20 @@ def serve_address(ray_metrics_port):
 def metrics_url(serve_address, ray_metrics_port):
     """Prometheus text of this node's Ray metrics agent (Serve application metrics included)."""
     return f"http://127.0.0.1:{ray_metrics_port}/metrics"
+
+
+@contextmanager
+def deployed(name: str, prefix: str, args: dict):
+    """The app built from `args`, served as `name` under `prefix` for the length of the block."""
+    from ray import serve
+
+    from deployments.app import build_app
+
+    serve.run(build_app(args), name=name, route_prefix=prefix)
+    try:
+        yield
+    finally:
+        serve.delete(name)
 
 
 def app_args(model_dir, **overrides) -> dict:

@@ -30,13 +30,6 @@ APP = "browser-pages"
 
 
 @pytest.fixture(scope="module")
-def omni_dir(tmp_path_factory):
-    from deployments.models.tiny_vlm import make_tiny_vlm
-
-    return make_tiny_vlm(tmp_path_factory.mktemp("models") / "omni")
-
-
-@pytest.fixture(scope="module")
 def base_url(serve_address, world_model_dir, omni_dir):
     from ray import serve
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from deployments.generation.engine import WorldModelEngine
+from deployments.generation.engine import SessionCancelled, WorldModelEngine
 from deployments.generation.geometry import CheckpointError, read_geometry
 from deployments.generation.interactions import (
     CameraCommand,
@@ -138,6 +138,80 @@ def test_interleaved_sessions_match_their_solo_runs(engine):
     for k in range(3):
         assert np.array_equal(engine.generate_block(sa).frames, solo_a[k].frames)
         assert np.array_equal(engine.generate_block(sb).frames, solo_b[k].frames)
+
+
+def test_a_batch_of_sessions_matches_their_solo_runs(engine):
+    """Denoised together in one forward per step, each session still gets its own blocks."""
+    configs = [cfg(seed=1), cfg(seed=2, prompt="a city at night"), cfg(seed=3, prompt="waves on rocks")]
+    solo = [rollout(engine, c, 3) for c in configs]
+    sessions = [engine.open_session(c) for c in configs]
+    sessions[1].submit(Interaction(event_id="e", prompt="snow falls"))
+    solo_b = rollout(engine, configs[1], 3, {0: [Interaction(event_id="e", prompt="snow falls")]})
+    for k in range(3):
+        batch = engine.generate_blocks(sessions)
+        for b, expected in enumerate([solo[0][k], solo_b[k], solo[2][k]]):
+            assert batch[b].metadata == expected.metadata
+            assert (batch[b].latents - expected.latents).abs().max().item() < 1e-4
+            assert np.abs(batch[b].frames.astype(int) - expected.frames.astype(int)).max() <= 1
+    for session in sessions:
+        session.close()
+
+
+def test_deferred_decode_gives_the_same_frames_in_order(engine):
+    """Frames decoded later (outside the engine lock, beside the next block) equal those decoded inline."""
+    inline = rollout(engine, cfg(seed=9), 3)
+    session = engine.open_session(cfg(seed=9))
+    made = [engine.generate_blocks([session], decode=False)[0] for _ in range(2)]
+    assert all(block.frames is None for block in made)
+    assert [block.metadata.num_frames for block in made] == [9, 12]
+    first = engine.decode_next(session)
+    made.append(engine.generate_blocks([session], decode=False)[0])  # decodes may lag the blocks
+    frames = [first, engine.decode_next(session), engine.decode_next(session)]
+    for got, expected in zip(frames, inline):
+        assert np.array_equal(got, expected.frames)
+    with pytest.raises(RuntimeError, match="no block waiting"):
+        engine.decode_next(session)
+    session.close()
+
+
+def test_sessions_decode_together_as_they_would_alone(engine):
+    configs = [cfg(seed=21), cfg(seed=22, prompt="a city at night")]
+    inline = [rollout(engine, c, 3) for c in configs]
+    sessions = [engine.open_session(c) for c in configs]
+    for k in range(3):
+        engine.generate_blocks(sessions, decode=False)
+        for got, expected in zip(engine.decode_many(sessions), inline):
+            assert np.abs(got.astype(int) - expected[k].frames.astype(int)).max() <= 1
+    fresh = engine.open_session(cfg(seed=23))
+    engine.generate_blocks([fresh], decode=False)
+    engine.generate_blocks(sessions, decode=False)
+    with pytest.raises(ValueError, match="decode_key"):
+        engine.decode_many([sessions[0], fresh])  # one has started its stream, the other not
+    for session in sessions + [fresh]:
+        session.close()
+
+
+def test_a_cancelled_session_drops_out_of_its_batch(engine):
+    solo = rollout(engine, cfg(seed=5), 1)[0]
+    a, b = engine.open_session(cfg(seed=5)), engine.open_session(cfg(seed=6))
+    b.cancel()
+    kept, dropped = engine.generate_blocks([a, b])
+    assert isinstance(dropped, SessionCancelled)
+    assert (kept.latents - solo.latents).abs().max().item() < 1e-4
+    other_size = engine.open_session(cfg(seed=7, width=64))
+    with pytest.raises(ValueError, match="batch_key"):
+        engine.generate_blocks([a, other_size])
+    for session in (a, b, other_size):
+        session.close()
+
+
+def test_bfloat16_engine_runs_though_diffusers_keeps_some_tables_in_float32(world_model_dir):
+    """The engine's compute dtype is the transformer's, not its first parameter's (a float32 table)."""
+    engine = WorldModelEngine.from_pretrained(world_model_dir, dtype=torch.bfloat16, vae_dtype=torch.bfloat16)
+    assert next(engine.transformer.parameters()).dtype == torch.float32  # what used to decide, wrongly
+    assert engine.dtype == torch.bfloat16
+    blocks = rollout(engine, cfg(), 2)
+    assert [b.frames.shape[0] for b in blocks] == [9, 12] and blocks[1].frames.std() > 0
 
 
 def test_image_to_video_follows_the_image(i2v_model_dir):

@@ -209,7 +209,7 @@ def test_start_at_the_size_limit_is_parsed():
         ({"lora": 3}, "lora: must be an object"),
         ({"image_reference": "data:image/png;base64,AAAA"}, "image_reference: must be an object"),
         ({"image_reference": {"file_id": "f"}}, "image_reference: file_id references are not supported"),
-        ({"image_reference": {"image_url": "https://example.com/a.png"}}, "image_reference.image_url: must be a data:image/png"),
+        ({"image_reference": {"image_url": "file:///etc/passwd"}}, "image_reference.image_url: must be a data:image/png"),
         ({"image_reference": {"image_url": "data:image/gif;base64,AAAA"}}, "image_reference.image_url: must be a data:image/png"),
         ({"image_reference": {"image_url": "data:image/png;base64,AAAA", "detail": 1}}, "image_reference.detail: unknown field"),
         ({"sampling_params": {"seed": "x"}}, "seed: must be an integer"),
@@ -457,6 +457,17 @@ def test_image_conditioning_must_match_the_model():
     assert "needs a start image" in resolve_error(i2v).message
     assert "takes no start image" in resolve_error(t2v, image_reference={"image_url": data_url(png_bytes())}).message
     assert resolve_generation(parse_session_start(start(image_reference={"image_url": data_url(png_bytes())})), i2v).image.shape == (4, 6, 3)
+
+
+def test_web_url_images_are_decoded_from_fetched_bytes_only():
+    request = parse_session_start(start(image_reference={"image_url": "https://images.example.com/a.png"}))
+    i2v = GenerationDefaults(width=64, height=48, image_conditioned=True)
+    with pytest.raises(ProtocolError, match="remote URLs are not fetched here"):
+        resolve_generation(request, i2v)
+    resolved = resolve_generation(request, i2v, remote_image=png_bytes())
+    assert resolved.image.shape == (4, 6, 3)
+    # the echo keeps the URL the client sent
+    assert resolved.config["image_reference"]["image_url"] == "https://images.example.com/a.png"
 
 
 # =====================================================================================

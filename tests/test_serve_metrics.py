@@ -42,12 +42,9 @@ def jpeg() -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def test_metrics_count_sessions_frames_interactions_errors_and_filtered_frames(serve_address, metrics_url, world_model_dir, tmp_path_factory):
+def test_metrics_count_sessions_frames_interactions_errors_and_filtered_frames(serve_address, metrics_url, world_model_dir, omni_dir):
     from deployments.app import build_app
-    from deployments.models.tiny_vlm import make_tiny_vlm
-
-    omni = make_tiny_vlm(tmp_path_factory.mktemp("models") / "omni")
-    serve.run(build_app(app_args(world_model_dir, understanding_model=str(omni), chat_min_new_tokens=4, chat_max_new_tokens=8)), name=APP, route_prefix=PREFIX)
+    serve.run(build_app(app_args(world_model_dir, understanding_model=str(omni_dir), chat_min_new_tokens=4, chat_max_new_tokens=8)), name=APP, route_prefix=PREFIX)
     try:
         async def video():
             ws, t, first = await start(serve_address, PREFIX + "/v1/realtime/video", prompt="counted", num_frames=33)

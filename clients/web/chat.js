@@ -164,7 +164,7 @@ async function start() {
   }
 
   setStatus("connecting", "Connecting…");
-  const socket = (ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/video/chat/stream`));
+  const socket = (ws = openServerSocket("/v1/video/chat/stream"));
   socket.onopen = () => {
     socket.send(JSON.stringify({ type: "session.config", modalities: ["text"], evs_enabled: $("evs").checked }));
     t0 = performance.now();

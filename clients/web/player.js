@@ -228,7 +228,7 @@ async function start() {
 
   setStatus("connecting", "Connecting…");
   $("start").disabled = true;
-  const socket = (ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/realtime/video`));
+  const socket = (ws = openServerSocket("/v1/realtime/video"));
   socket.binaryType = "arraybuffer";
   socket.onopen = () => {
     socket.send(JSON.stringify(message));

@@ -30,13 +30,24 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 @dataclass
 class ForwardState:
-    """What one transformer forward reads and writes for the session it serves."""
+    """What one transformer forward reads and writes, per batch element (one session each).
 
-    kv: RollingKVCache
+    The sessions of a batch attend to caches of the same length (the engine groups them so), which is
+    what lets their contexts stack into one attention call.
+    """
+
+    kvs: list[RollingKVCache]
     commit: bool = False
-    # Cross-attention K/V of the current text condition, per layer; emptied when the text changes.
-    text_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    camera_tokens: torch.Tensor | None = None
+    # Cross-attention K/V of each session's current text condition, per layer; emptied when its text changes.
+    text_kvs: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
+    camera_tokens: torch.Tensor | None = None  # (B, tokens, dim), already batched
+    # Per layer, the batch's context keys with RoPE applied, and its values: the context does not change
+    # between the forwards of one block, so it is stacked and rotated once per block, not once per forward.
+    block_context: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @property
+    def context_frames(self) -> int:
+        return self.kvs[0].context_frames
 
 
 class CacheBinding:
@@ -64,6 +75,14 @@ class CacheBinding:
             self._state = None
 
 
+def _stacked(pairs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-session (k, v) of shape (1, S, H, D) -> batched (B, S, H, D); a batch of one is not copied."""
+    pairs = list(pairs)
+    if len(pairs) == 1:
+        return pairs[0]
+    return torch.cat([k for k, _ in pairs]), torch.cat([v for _, v in pairs])
+
+
 def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     # -1 heads: with tensor parallel a rank holds only its share of them.
     return x.unflatten(2, (-1, head_dim))
@@ -80,16 +99,22 @@ class CausalSelfAttnProcessor:
         q = _heads(attn.norm_q(attn.to_q(hidden_states)), self.head_dim)
         k = _heads(attn.norm_k(attn.to_k(hidden_states)), self.head_dim)
         v = _heads(attn.to_v(hidden_states), self.head_dim)
-        k_ctx, v_ctx = state.kv.context(self.layer)
-        k_all = torch.cat([k_ctx.to(k.dtype), k], dim=1)
-        v_all = torch.cat([v_ctx.to(v.dtype), v], dim=1)
         cos, sin = rotary_emb  # covers context + current tokens (see OffsetRope)
         n = q.shape[1]
+        context = state.block_context.get(self.layer) if state.block_context is not None else None
+        if context is None:
+            k_ctx, v_ctx = _stacked(kv.context(self.layer) for kv in state.kvs)
+            length = k_ctx.shape[1]
+            context = (apply_rotary(k_ctx.to(k.dtype), cos[:, :length], sin[:, :length]), v_ctx.to(v.dtype))
+            if state.block_context is not None:
+                state.block_context[self.layer] = context
         q = apply_rotary(q, cos[:, -n:], sin[:, -n:])
-        k_all = apply_rotary(k_all, cos, sin)
+        k_all = torch.cat([context[0], apply_rotary(k, cos[:, -n:], sin[:, -n:])], dim=1)
+        v_all = torch.cat([context[1], v], dim=1)
         out = dispatch_attention_fn(q, k_all, v_all, attn_mask=None, dropout_p=0.0, is_causal=False)
         if state.commit:
-            state.kv.write(self.layer, k, v)
+            for b, kv in enumerate(state.kvs):
+                kv.write(self.layer, k[b : b + 1], v[b : b + 1])
         out = out.flatten(2, 3).type_as(q)
         return attn.to_out[1](attn.to_out[0](out))
 
@@ -103,12 +128,14 @@ class CachedCrossAttnProcessor:
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
         state = self.binding.state
         q = _heads(attn.norm_q(attn.to_q(hidden_states)), self.head_dim)
-        cached = state.text_kv.get(self.layer)
-        if cached is None:
-            k = _heads(attn.norm_k(attn.to_k(encoder_hidden_states)), self.head_dim)
-            v = _heads(attn.to_v(encoder_hidden_states), self.head_dim)
-            cached = state.text_kv[self.layer] = (k, v)
-        k, v = cached
+        pairs = []
+        for b, text_kv in enumerate(state.text_kvs):
+            cached = text_kv.get(self.layer)
+            if cached is None:
+                text = encoder_hidden_states[b : b + 1]
+                cached = text_kv[self.layer] = (_heads(attn.norm_k(attn.to_k(text)), self.head_dim), _heads(attn.to_v(text), self.head_dim))
+            pairs.append(cached)
+        k, v = _stacked(pairs)
         out = dispatch_attention_fn(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False)
         out = out.flatten(2, 3).type_as(q)
         return attn.to_out[1](attn.to_out[0](out))

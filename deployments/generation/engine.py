@@ -17,6 +17,7 @@ from __future__ import annotations
 import secrets
 import threading
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,7 @@ from deployments.generation.text import PromptEncoder
 from deployments.generation.vae_stream import (
     LatentNormalizer,
     StreamingDecoder,
+    decode_together,
     encode_image,
     to_uint8_frames,
 )
@@ -63,6 +65,9 @@ def fit_image(image: np.ndarray, height: int, width: int) -> np.ndarray:
     return np.asarray(cropped.resize((width, height), Image.Resampling.BICUBIC))
 
 
+CAMERA_CACHE_SIZE = 16  # camera token tensors kept (each one block's worth of tokens)
+
+
 class SessionCancelled(RuntimeError):
     """A block was abandoned half-way because its session was cancelled."""
 
@@ -79,7 +84,8 @@ class WorldModelEngine:
         self.rank = self.tensor_parallel.rank if self.tensor_parallel else 0
         self.world_size = self.tensor_parallel.world_size if self.tensor_parallel else 1
         self.device = next(self.transformer.parameters()).device
-        self.dtype = next(self.transformer.parameters()).dtype
+        # Not the first parameter's dtype: diffusers keeps some Wan tables (scale_shift_table) in float32.
+        self.dtype = self.transformer.dtype
         self.normalizer = LatentNormalizer(self.vae)
         self.prompts = PromptEncoder(components.tokenizer, components.text_encoder)
         self.binding = CacheBinding()
@@ -87,6 +93,8 @@ class WorldModelEngine:
         self.transformer.rope = OffsetRope(self.transformer.rope, self.binding)
         self.transformer.patch_embedding.register_forward_hook(self._add_camera_tokens)
         self._lock = threading.Lock()
+        self._camera_cache: dict[tuple, torch.Tensor] = {}
+        self._decode_stream = None  # created on first deferred decode on a GPU
 
     @classmethod
     def from_pretrained(
@@ -161,33 +169,128 @@ class WorldModelEngine:
         )
 
     # -- one block -------------------------------------------------------------
-    @torch.no_grad()
     def generate_block(self, session: WorldSession) -> GeneratedBlock:
-        if session.closed:
-            raise RuntimeError(f"session {session.session_id} is closed")
-        with self._lock:
-            plan = session.director.plan_block()
-            text = self.text_condition(session, plan.prompt_mix)
-            camera = self._camera_tokens(session, plan)
-            cond = self._image_condition(session)
-            shape = self._latent_shape(session)
+        """The session's next block; raises SessionCancelled when it was cancelled half-way."""
+        (outcome,) = self.generate_blocks([session])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
-            x = torch.randn(shape, generator=session.generator, device=self.device, dtype=torch.float32)
-            sigmas = session.sigmas
+    def batch_key(self, session: WorldSession) -> tuple:
+        """Sessions with equal keys can share forwards: same latent shape, schedule and cache length."""
+        return (
+            self._latent_shape(session),
+            tuple(float(s) for s in session.sigmas),
+            session.kv.context_frames,
+            session.image_latent is not None,
+        )
+
+    @torch.no_grad()
+    def generate_blocks(self, sessions: list[WorldSession], decode: bool = True) -> list[GeneratedBlock | SessionCancelled]:
+        """The next block of each session, denoised together: one forward per step for the whole batch.
+
+        The sessions must share a `batch_key`. Each keeps its own noise generator, prompt, camera, image
+        and caches, so a session's blocks are the same alone or in a batch (up to float rounding). A
+        session cancelled half-way drops out at the next step; its place in the result holds
+        SessionCancelled. With `decode=False` the blocks carry no frames: each session's latents wait
+        for `decode_next` / `decode_many`, which the caller runs outside the engine lock, beside the next block.
+        """
+        for session in sessions:
+            if session.closed:
+                raise RuntimeError(f"session {session.session_id} is closed")
+        if len({self.batch_key(s) for s in sessions}) > 1:
+            raise ValueError("sessions of one batch must share a batch_key")
+        outcomes: dict[int, GeneratedBlock | SessionCancelled] = {}
+        with self._lock:
+            plans = [s.director.plan_block() for s in sessions]
+            shape = self._latent_shape(sessions[0])
+            sigmas = sessions[0].sigmas
+            batch = _Batch(
+                sessions=list(sessions),
+                index=list(range(len(sessions))),
+                text=torch.cat([self.text_condition(s, p.prompt_mix) for s, p in zip(sessions, plans)]),
+                camera=_cat([self._camera_tokens(s, p) for s, p in zip(sessions, plans)]),
+                cond=_cat([self._image_condition(s) for s in sessions]),
+                context={},
+            )
+            x = batch.noise(shape, self.device)
             for i, sigma in enumerate(sigmas):
-                self._check_cancel(session)
-                v = self.forward(session, x, sigma, text, camera, cond)
+                x = self._drop_cancelled(batch, x, outcomes)
+                if x is None:
+                    break
+                v = self.forward(batch.sessions, x, sigma, batch.text, batch.camera, batch.cond, block_context=batch.context)
                 x0 = x - sigma * v
                 if i + 1 < len(sigmas):
-                    noise = torch.randn(shape, generator=session.generator, device=self.device, dtype=torch.float32)
-                    x = (1.0 - sigmas[i + 1]) * x0 + sigmas[i + 1] * noise
-            # One clean pass at t = 0 writes the block's K/V for the blocks after it.
-            self._check_cancel(session)
-            self.forward(session, x0, 0.0, text, camera, cond, commit=True)
-            session.kv.advance(shape[2])
-            pixels = session.decoder.decode(self.normalizer.to_raw(x0).to(self.vae.dtype)) if self.decodes else None
+                    x = (1.0 - sigmas[i + 1]) * x0 + sigmas[i + 1] * batch.noise(shape, self.device)
+            # One clean pass at t = 0 writes the blocks' K/V for the blocks after them.
+            x0 = self._drop_cancelled(batch, x0, outcomes) if x is not None else None
+            if x0 is not None:
+                self.forward(batch.sessions, x0, 0.0, batch.text, batch.camera, batch.cond, commit=True, block_context=batch.context)
+                for b, session in enumerate(batch.sessions):
+                    session.kv.advance(shape[2])
+                    if self.decodes:
+                        raw = self.normalizer.to_raw(x0[b : b + 1]).to(self.vae.dtype)
+                        session.pending_decode.append((raw, None if decode else self._ready_event()))
+                frames = self.decode_grouped(batch.sessions) if decode and self.decodes else {}
+                for b, session in enumerate(batch.sessions):
+                    block = self._finish(session, plans[batch.index[b]], frames.get(b), x0[b : b + 1])
+                    outcomes[batch.index[b]] = block
+        return [outcomes[i] for i in range(len(sessions))]
 
-        frames = to_uint8_frames(pixels) if pixels is not None else None
+    def decode_next(self, session: WorldSession) -> np.ndarray:
+        """Frames of the session's oldest block made with decode deferred."""
+        return self.decode_many([session])[0]
+
+    def decode_key(self, session: WorldSession) -> tuple:
+        """Sessions with equal keys can decode in one VAE batch."""
+        if not session.pending_decode:
+            raise RuntimeError(f"session {session.session_id} has no block waiting to be decoded")
+        raw = session.pending_decode[0][0]
+        return (tuple(raw.shape), session.decoder.started, tuple(t is None for t in session.decoder.feat_cache))
+
+    @torch.no_grad()
+    def decode_many(self, sessions: list[WorldSession]) -> list[np.ndarray]:
+        """Frames of each session's oldest deferred block, decoded as one VAE batch (sessions share a `decode_key`).
+
+        Runs without the engine lock: each session's streaming state is its own (passed to every call),
+        so decodes run while the transformer makes the next blocks. One decode per session at a time,
+        in block order.
+        """
+        if len({self.decode_key(s) for s in sessions}) > 1:
+            raise ValueError("sessions of one decode batch must share a decode_key")
+        pending = [s.pending_decode.pop(0) for s in sessions]
+        raws = [raw for raw, _ in pending]
+        decoders = [s.decoder for s in sessions]
+        if pending[0][1] is None:
+            return [to_uint8_frames(p) for p in decode_together(decoders, raws)]
+        # On a GPU the decode gets its own stream, so its kernels can run beside the transformer's.
+        if self._decode_stream is None:
+            self._decode_stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self._decode_stream):
+            for raw, ready in pending:
+                self._decode_stream.wait_event(ready)
+                raw.record_stream(self._decode_stream)
+            return [to_uint8_frames(p) for p in decode_together(decoders, raws)]
+
+    def _ready_event(self):
+        """A CUDA event after the work queued so far (None off the GPU): deferred decodes wait on it."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def decode_grouped(self, sessions: list[WorldSession]) -> dict[int, np.ndarray]:
+        """Each session's oldest deferred block, sessions at the same point decoded as one batch; by position."""
+        groups: dict[tuple, list[int]] = {}
+        for i, session in enumerate(sessions):
+            groups.setdefault(self.decode_key(session), []).append(i)
+        frames: dict[int, np.ndarray] = {}
+        for rows in groups.values():
+            frames.update(zip(rows, self.decode_many([sessions[i] for i in rows])))
+        return frames
+
+    def _finish(self, session: WorldSession, plan, frames: np.ndarray | None, latents: torch.Tensor) -> GeneratedBlock:
         meta = BlockMetadata(
             block_index=session.block_index,
             num_frames=frames.shape[0] if frames is not None else self.geometry.frames_in_block(session.block_index),
@@ -196,10 +299,22 @@ class WorldModelEngine:
             completed_event_ids=plan.completed,
         )
         session.block_index += 1
-        return GeneratedBlock(frames=frames, metadata=meta, latents=x0.to("cpu", torch.float32, copy=True))
+        return GeneratedBlock(frames=frames, metadata=meta, latents=latents.to("cpu", torch.float32, copy=True))
 
-    def _check_cancel(self, session: WorldSession) -> None:
-        # Between steps, so a dropped session frees the engine for the others within one forward.
+    def _drop_cancelled(self, batch: "_Batch", x: torch.Tensor, outcomes: dict) -> torch.Tensor | None:
+        """Between steps, so a dropped session frees the engine for the others within one forward."""
+        keep = []
+        for b, session in enumerate(batch.sessions):
+            if self._cancelled(session):
+                outcomes[batch.index[b]] = SessionCancelled(f"session {session.session_id} was cancelled")
+            else:
+                keep.append(b)
+        if len(keep) == len(batch.sessions):
+            return x
+        batch.keep(keep)
+        return x[keep] if keep else None
+
+    def _cancelled(self, session: WorldSession) -> bool:
         cancelled = session.cancelled
         if self.world_size > 1:
             # All ranks must stop at the same step or the next forward's collectives hang:
@@ -209,22 +324,29 @@ class WorldModelEngine:
             cancelled = bool(flag.item())
             if cancelled:
                 session.cancelled = True
-        if cancelled:
-            raise SessionCancelled(f"session {session.session_id} was cancelled")
+        return cancelled
 
     def _latent_shape(self, session: WorldSession) -> tuple[int, ...]:
         lh, lw = self.geometry.latent_size(session.config.height, session.config.width)
         return (1, self.vae.config.z_dim, self.geometry.num_frames_per_block, lh, lw)
 
-    def forward(self, session, latents, sigma, text, camera=None, cond=None, commit: bool = False) -> torch.Tensor:
-        """The velocity the transformer predicts for one block at `sigma`, attending to the session's cache.
+    def forward(self, sessions, latents, sigma, text, camera=None, cond=None, commit: bool = False, block_context: dict | None = None) -> torch.Tensor:
+        """The velocity the transformer predicts for a batch of blocks at `sigma`, each attending to its session's cache.
 
-        With `commit` the block's K/V are written after the cached frames (the
-        caller then advances the cache). Callers hold the engine lock.
+        `sessions` is one session or a list, in the batch's order. With `commit` the blocks' K/V are written
+        after the cached frames (the caller then advances the caches). `block_context`, a dict shared by the
+        forwards of one block, keeps the rotated context between them. Callers hold the engine lock.
         """
+        sessions = [sessions] if isinstance(sessions, WorldSession) else sessions
         x = latents if cond is None else torch.cat([latents, cond], dim=1)
-        t = torch.full((1,), sigma * 1000.0, device=self.device, dtype=torch.float32)
-        state = ForwardState(kv=session.kv, commit=commit, text_kv=session.text_kv, camera_tokens=camera)
+        t = torch.full((x.shape[0],), sigma * 1000.0, device=self.device, dtype=torch.float32)
+        state = ForwardState(
+            kvs=[s.kv for s in sessions],
+            commit=commit,
+            text_kvs=[s.text_kv for s in sessions],
+            camera_tokens=camera,
+            block_context=block_context,
+        )
         with self.binding.bind(state):
             out = self.transformer(x.to(self.dtype), t, text, return_dict=False)[0]
         return out.float()
@@ -238,9 +360,18 @@ class WorldModelEngine:
     def _camera_tokens(self, session: WorldSession, plan) -> torch.Tensor | None:
         if self.camera_adapter is None:
             return None
-        poses = [p.relative_to(plan.reference_pose) for p in plan.poses]
-        rays = torch.from_numpy(plucker_rays(poses, session.config.height, session.config.width))
-        return self.camera_adapter(rays.unsqueeze(0).to(self.device, self.dtype))
+        poses = tuple(p.relative_to(plan.reference_pose) for p in plan.poses)
+        # A camera at rest (or moving steadily) repeats its relative poses block after block, in every
+        # session: the rays, built on the CPU at full resolution, and the adapter's tokens are kept.
+        key = (poses, session.config.height, session.config.width)
+        tokens = self._camera_cache.get(key)
+        if tokens is None:
+            rays = torch.from_numpy(plucker_rays(list(poses), session.config.height, session.config.width))
+            tokens = self.camera_adapter(rays.unsqueeze(0).to(self.device, self.dtype))
+            self._camera_cache[key] = tokens
+            if len(self._camera_cache) > CAMERA_CACHE_SIZE:
+                self._camera_cache.pop(next(iter(self._camera_cache)))
+        return tokens
 
     def _image_condition(self, session: WorldSession) -> torch.Tensor | None:
         """Wan image-to-video channels: 4 mask channels + the image latent, on the first latent frame only."""
@@ -252,3 +383,34 @@ class WorldModelEngine:
             cond[:, :4, 0] = 1.0
             cond[:, 4:, :1] = session.image_latent
         return cond
+
+
+def _cat(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """Per-session tensors along the batch; None when the model takes none."""
+    if tensors[0] is None:
+        return None
+    return torch.cat(tensors)
+
+
+@dataclass
+class _Batch:
+    """The sessions of one batched block, and their per-session inputs in the same order."""
+
+    sessions: list[WorldSession]
+    index: list[int]  # each session's place in the caller's list
+    text: torch.Tensor
+    camera: torch.Tensor | None
+    cond: torch.Tensor | None
+    context: dict  # the forwards' shared block context (attention.ForwardState.block_context)
+
+    def noise(self, shape: tuple[int, ...], device) -> torch.Tensor:
+        # Drawn per session from its own generator, in the order a session alone would draw it.
+        return torch.cat([torch.randn(shape, generator=s.generator, device=device, dtype=torch.float32) for s in self.sessions])
+
+    def keep(self, rows: list[int]) -> None:
+        self.sessions = [self.sessions[r] for r in rows]
+        self.index = [self.index[r] for r in rows]
+        self.text = self.text[rows]
+        self.camera = None if self.camera is None else self.camera[rows]
+        self.cond = None if self.cond is None else self.cond[rows]
+        self.context = {layer: (k[rows], v[rows]) for layer, (k, v) in self.context.items()}

@@ -23,7 +23,7 @@ class OffsetRope(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, c, frames, h, w = hidden_states.shape
-        context = self.binding.state.kv.context_frames if self.binding.bound else 0
+        context = self.binding.state.context_frames if self.binding.bound else 0
         key = (context + frames, h, w, hidden_states.device)
         table = self._tables.get(key)
         if table is None:

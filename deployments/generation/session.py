@@ -78,6 +78,8 @@ class WorldSession:
     text_key: tuple | None = None
 
     cancelled: bool = False  # set from another thread: the engine stops at its next step
+    # Raw latents of blocks made with decode deferred, oldest first, waiting for `engine.decode_many`.
+    pending_decode: list = field(default_factory=list)
 
     def cancel(self) -> None:
         """Ask a block in progress to stop at its next denoising step; the session is then only good for close()."""
@@ -105,3 +107,4 @@ class WorldSession:
         self.text_kv.clear()
         self.decoder.close()
         self.image_latent = None
+        self.pending_decode.clear()

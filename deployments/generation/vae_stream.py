@@ -61,6 +61,33 @@ class StreamingDecoder:
         self.feat_cache = [None] * len(self.feat_cache)
 
 
+@torch.no_grad()
+def decode_together(decoders: list[StreamingDecoder], raw_latents: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each session's next latents through the VAE as one batch; each decoder's state advances as if alone.
+
+    The decoders must be at the same point of their streams (all started or none, same shapes): their
+    caches are stacked along the batch, decoded together, and handed back as per-session slices.
+    """
+    if len(decoders) == 1:
+        return [decoders[0].decode(raw_latents[0])]
+    started = {d.started for d in decoders}
+    pattern = {tuple(t is None for t in d.feat_cache) for d in decoders}
+    if len(started) > 1 or len(pattern) > 1:
+        raise ValueError("decoders of one batch must be at the same point of their streams")
+    vae = decoders[0].vae
+    cache = [None if t is None else torch.cat([d.feat_cache[i] for d in decoders]) for i, t in enumerate(decoders[0].feat_cache)]
+    x = vae.post_quant_conv(torch.cat(raw_latents).to(vae.dtype))
+    chunks = [vae.decoder(x[:, :, i : i + 1], feat_cache=cache, feat_idx=[0], first_chunk=not decoders[0].started) for i in range(x.shape[2])]
+    out = torch.cat(chunks, dim=2)
+    if vae.config.patch_size is not None:
+        out = unpatchify(out, patch_size=vae.config.patch_size)
+    out = out.clamp(-1.0, 1.0)
+    for b, decoder in enumerate(decoders):
+        decoder.feat_cache = [None if t is None else t[b : b + 1] for t in cache]
+        decoder.started = True
+    return [out[b : b + 1] for b in range(len(decoders))]
+
+
 def to_uint8_frames(pixels: torch.Tensor) -> np.ndarray:
     """(1, 3, T, H, W) in [-1, 1] -> uint8 (T, H, W, 3)."""
     x = ((pixels[0].float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)

@@ -3,36 +3,53 @@
 # No `from __future__ import annotations` here: Serve rebuilds the route methods, and FastAPI must see
 # the real `WebSocket` class in their signatures (a string annotation makes it refuse the handshake, 403).
 
+import asyncio
 import os
 from pathlib import Path
 
-from fastapi import FastAPI, WebSocket
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
+from deployments.ingress.access import AccessDenied, AccessPolicy, Grant, SessionsPerKey, keys_from
 from deployments.ingress.chat_session import ChatSession
 from deployments.ingress.video_session import VideoSession
+from deployments.ingress.videos_api import install as install_videos_api
+from deployments.ingress.websocket_session import refuse_websocket
 from deployments.observability.metrics import IngressMetrics
+from deployments.protocol.videos import ApiError
 
 WEB = Path(__file__).resolve().parents[2] / "clients" / "web"
 
 app = FastAPI(title="realtime-video")
 # The pages' scripts and styles; the pages themselves answer at / and /chat.
 app.mount("/static", StaticFiles(directory=WEB, check_dir=False), name="static")
+install_videos_api(app)  # /v1/videos: OpenAI's Videos API (deployments/ingress/videos_api.py)
 
 
 @serve.deployment(name="VideoIngress")
 @serve.ingress(app)
 class VideoIngress:
-    def __init__(self, config: AppConfig, world: DeploymentHandle, understanding: DeploymentHandle | None = None) -> None:
+    def __init__(
+        self,
+        config: AppConfig,
+        world: DeploymentHandle,
+        understanding: DeploymentHandle | None = None,
+        jobs: DeploymentHandle | None = None,
+    ) -> None:
         self.config = config
         self.world = world
         self.understanding = understanding
+        self.jobs = jobs  # VideoJobs; None: no /v1/videos
         self.metrics = IngressMetrics()
         self._info: dict[str, dict] = {}
+        origins = tuple(o.rstrip("/") for o in config.allowed_origins) if config.allowed_origins is not None else None
+        self.access = AccessPolicy(keys_from(config.api_keys, os.environ), origins)
+        self.sessions_per_key = SessionsPerKey(config.max_sessions_per_key)
+        self._open_sockets = 0
 
     async def _model_info(self, name: str, handle: DeploymentHandle) -> dict:
         # Asked once: what a model can do does not change while its deployment lives.
@@ -52,20 +69,61 @@ class VideoIngress:
     async def healthz(self) -> dict:
         return {"status": "ok", "pid": os.getpid()}
 
+    def check_http(self, request: Request) -> None:
+        """API keys and origins for HTTP routes; refusals answer in OpenAI's error shape."""
+        try:
+            self.access.check(request.headers, request.query_params, offered_protocols=[])
+        except AccessDenied as exc:
+            raise ApiError(exc.http_status, exc.message, code=exc.code) from None
+
+    async def _admit(self, websocket: WebSocket, endpoint: str) -> Grant | None:
+        """Keys, origin and sessions per key, before any model work; a refusal closes with 1008."""
+        try:
+            grant = self.access.check(websocket.headers, websocket.query_params)
+            self.sessions_per_key.acquire(grant.key_id)
+            return grant
+        except AccessDenied as exc:
+            self.metrics.error(endpoint, exc.code)
+            await refuse_websocket(websocket, exc)
+            return None
+
     @app.get("/v1/models")
-    async def models(self) -> dict:
+    async def models(self, request: Request) -> dict:
+        self.check_http(request)
         names = [self.config.model_name] + ([self.config.understanding_name] if self.understanding is not None else [])
         return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "realtime-video"} for name in names]}
 
+    async def _serve_socket(self, websocket: WebSocket, endpoint: str, make_session) -> None:
+        grant = await self._admit(websocket, endpoint)
+        if grant is None:
+            return
+        self._open_sockets += 1
+        try:
+            await (await make_session(grant)).run()
+        finally:
+            self._open_sockets -= 1
+            self.sessions_per_key.release(grant.key_id)
+
+    async def stats(self) -> dict:
+        """For tests and operators (through a handle): what this ingress replica holds right now."""
+        return {"pid": os.getpid(), "open_sockets": self._open_sockets, "keyed_sessions": self.sessions_per_key.open_sessions(), "tasks": len(asyncio.all_tasks())}
+
     @app.websocket("/v1/realtime/video")
     async def realtime_video(self, websocket: WebSocket) -> None:
-        info = await self._model_info("world", self.world)
-        await VideoSession(websocket, self.config, self.world, info, self.metrics).run()
+        async def make(grant: Grant) -> VideoSession:
+            info = await self._model_info("world", self.world)
+            return VideoSession(websocket, self.config, self.world, info, self.metrics, grant.subprotocol)
+
+        await self._serve_socket(websocket, VideoSession.endpoint, make)
 
     @app.websocket("/v1/video/chat/stream")
     async def video_chat(self, websocket: WebSocket) -> None:
         if self.understanding is None:
             await websocket.close(1008, "no understanding model is configured")
             return
-        info = await self._model_info("understanding", self.understanding)
-        await ChatSession(websocket, self.config, self.understanding, info, self.metrics).run()
+
+        async def make(grant: Grant) -> ChatSession:
+            info = await self._model_info("understanding", self.understanding)
+            return ChatSession(websocket, self.config, self.understanding, info, self.metrics, grant.subprotocol)
+
+        await self._serve_socket(websocket, ChatSession.endpoint, make)

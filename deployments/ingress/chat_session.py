@@ -20,7 +20,8 @@ from fastapi import WebSocket
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
-from deployments.ingress.websocket_session import WebSocketSession
+from deployments.ingress.limits import TokenBucket
+from deployments.ingress.websocket_session import SessionFault, WebSocketSession
 from deployments.media.frames import (
     AudioBuffer,
     FrameBuffer,
@@ -29,7 +30,7 @@ from deployments.media.frames import (
     decode_image,
     frame_thumbnail,
 )
-from deployments.protocol import chat
+from deployments.protocol import chat, errors
 from deployments.protocol.errors import ProtocolError
 from deployments.understanding.messages import (
     ChatAccepted,
@@ -55,8 +56,16 @@ class _Frame:
 class ChatSession(WebSocketSession):
     endpoint = "chat"
 
-    def __init__(self, websocket: WebSocket, config: AppConfig, understanding: DeploymentHandle, model_info: dict, metrics=None) -> None:
-        super().__init__(websocket, metrics)
+    def __init__(
+        self,
+        websocket: WebSocket,
+        config: AppConfig,
+        understanding: DeploymentHandle,
+        model_info: dict,
+        metrics=None,
+        subprotocol: str | None = None,
+    ) -> None:
+        super().__init__(websocket, metrics, subprotocol=subprotocol, max_messages_per_second=config.max_messages_per_second)
         self.config = config
         self.understanding = understanding
         self.model_info = model_info
@@ -66,6 +75,8 @@ class ChatSession(WebSocketSession):
         self._filter: FrameFilter | None = None
         self._frames: FrameBuffer[_Frame] | None = None
         self._audio = AudioBuffer()
+        self._audio_warned = False  # audio_buffer_full is said once between queries
+        self._frame_rate = TokenBucket(config.max_frames_per_second_in)
 
     async def serve(self) -> None:
         try:
@@ -95,7 +106,7 @@ class ChatSession(WebSocketSession):
     async def _read(self) -> int | None:
         mailbox, sid = self._accepted.mailbox, self._accepted.session_id
         while True:
-            raw = await self.receive_raw()
+            raw = await self.receive_limited()
             self._last_message = time.monotonic()
             try:
                 message = chat.parse_chat_message(raw)
@@ -107,10 +118,11 @@ class ChatSession(WebSocketSession):
             if isinstance(message, chat.FrameMessage):
                 await self._take_frame(message)
             elif isinstance(message, chat.AudioMessage):
-                self._audio.append(message.pcm)
+                await self._take_audio(message.pcm)
             elif isinstance(message, chat.QueryMessage):
                 if message.audio:
-                    self._audio.append(message.audio)
+                    await self._take_audio(message.audio)
+                self._audio_warned = False
                 if not len(self._frames):
                     await self.fail(chat.no_frames())
                     continue
@@ -120,7 +132,17 @@ class ChatSession(WebSocketSession):
             elif isinstance(message, chat.PingMessage):
                 await self.send_json(chat.pong())
 
+    async def _take_audio(self, pcm: bytes) -> None:
+        if self._audio.append(pcm) and not self._audio_warned:
+            self._audio_warned = True
+            await self.fail(chat.audio_buffer_full(self._audio.max_samples / self._audio.sample_rate))
+
     async def _take_frame(self, message: chat.FrameMessage) -> None:
+        if not self._frame_rate.take():
+            await self.fail(errors.rate_limited("video.frame messages", self._frame_rate.rate))
+            if message.frame_id not in (None, ""):
+                await self.send_json(chat.frame_ack(message.frame_id, False, len(self._frames), chat.ACK_RATE_LIMITED, pts_ms=message.pts_ms))
+            return
         try:
             kept, evicted = await asyncio.to_thread(self._filter_and_keep, message)
         except FrameError as exc:
@@ -179,7 +201,7 @@ class ChatSession(WebSocketSession):
                     await self.send_json(chat.evs_stats(f.retained, f.dropped, f.total))
                 await self.send_json(chat.session_done())
                 return 1000
-        await self.send_error("The session ended on the server", "session_aborted")
+        await self.send_error("The session ended on the server", errors.SESSION_ABORTED)
         return 1011
 
     async def _watch(self) -> int | None:
@@ -189,9 +211,7 @@ class ChatSession(WebSocketSession):
             await asyncio.sleep(interval)
             await mailbox.renew.remote(sid)
             if time.monotonic() - self._last_message > self.config.chat_idle_timeout_s:
-                error = chat.idle_timeout()
-                await self.send_json(error.to_message())
-                return error.close_code
+                raise SessionFault(chat.idle_timeout())
 
 
 def _sampled_fps(frames: list[_Frame]) -> float:

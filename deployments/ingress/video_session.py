@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
 from fastapi import WebSocket
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
-from deployments.ingress.websocket_session import WebSocketSession
+from deployments.ingress.image_fetch import FetchPolicy, fetch_image, is_remote_url
+from deployments.ingress.websocket_session import SessionFault, WebSocketSession
 from deployments.protocol import errors, video
 from deployments.protocol.errors import ProtocolError
 from deployments.world_model.messages import (
@@ -26,18 +26,26 @@ from deployments.world_model.messages import (
     Playback,
     SessionAccepted,
     SessionEnded,
-    SessionRequest,
     Stop,
     Trailer,
 )
 from deployments.world_model.pacing import PacingError, PacingSettings
+from deployments.world_model.requests import generation_defaults, session_request
 
 
 class VideoSession(WebSocketSession):
     endpoint = "video"
 
-    def __init__(self, websocket: WebSocket, config: AppConfig, world: DeploymentHandle, model_info: dict, metrics=None) -> None:
-        super().__init__(websocket, metrics)
+    def __init__(
+        self,
+        websocket: WebSocket,
+        config: AppConfig,
+        world: DeploymentHandle,
+        model_info: dict,
+        metrics=None,
+        subprotocol: str | None = None,
+    ) -> None:
+        super().__init__(websocket, metrics, subprotocol=subprotocol, max_messages_per_second=config.max_messages_per_second)
         self.model_info = model_info
         self.config = config
         self.world = world
@@ -55,7 +63,8 @@ class VideoSession(WebSocketSession):
         try:
             start = video.parse_session_start(raw)
             video.check_model(start, [self.config.model_name])
-            resolved = video.resolve_generation(start, self._defaults())
+            remote_image = await self._fetch_start_image(start)
+            resolved = video.resolve_generation(start, self._defaults(), remote_image)
             pacing = PacingSettings.from_extra_params(resolved.extra_params)
         except ProtocolError as exc:
             await self.fail(exc)
@@ -64,19 +73,7 @@ class VideoSession(WebSocketSession):
             await self.fail(ProtocolError(f"Invalid session.start: {exc}", errors.INVALID_REQUEST, close_code=errors.CLOSE_POLICY))
             return
 
-        request = SessionRequest(
-            session_id=uuid.uuid4().hex,
-            prompt=resolved.prompt,
-            height=resolved.height,
-            width=resolved.width,
-            fps=resolved.fps,
-            seed=resolved.seed,
-            num_blocks=resolved.num_blocks,
-            num_inference_steps=resolved.num_inference_steps,
-            flow_shift=resolved.flow_shift,
-            image=resolved.image,
-            pacing=pacing,
-        )
+        request = session_request(resolved, pacing)
         first = await self.open_stream(self.world, "run_session", request, SessionAccepted, self.config.retry_after_s)
         if not isinstance(first, SessionAccepted):
             await self.fail(self.refusal_error(first, self.config.retry_after_s, "Invalid session.start: "))
@@ -96,19 +93,14 @@ class VideoSession(WebSocketSession):
         self._last_progress = time.monotonic()
         await self.supervise(self._pump(), self._read_controls(), self._watch())
 
+    async def _fetch_start_image(self, start: "video.SessionStartRequest") -> bytes | None:
+        reference = start.image_reference
+        if reference is None or not is_remote_url(reference.image_url):
+            return None
+        return await fetch_image(reference.image_url, FetchPolicy.from_config(self.config))
+
     def _defaults(self) -> video.GenerationDefaults:
-        info = self.model_info
-        return video.GenerationDefaults(
-            width=self.config.width,
-            height=self.config.height,
-            fps=self.config.fps,
-            num_inference_steps=self.config.num_inference_steps,
-            max_session_seconds=self.config.max_session_seconds,
-            frames_per_block=info["frames_per_block"],
-            temporal_factor=info["temporal_factor"],
-            size_multiple=info["size_multiple"],
-            image_conditioned=info["image_conditioned"],
-        )
+        return generation_defaults(self.config, self.model_info)
 
     def _generation_info(self, resolved: "video.ResolvedStart") -> dict:
         """What the session runs with, defaults included (additive to the contract): clients need the geometry."""
@@ -169,17 +161,19 @@ class VideoSession(WebSocketSession):
                 failure = errors.interaction_failed(item.event_id)
                 await self.send_error(failure.message, failure.code, event_id=item.event_id, reason=item.reason)
             elif isinstance(item, SessionEnded):
+                if item.reason == "client_too_slow":
+                    raise SessionFault(errors.client_too_slow(self.config.max_media_ahead_s))
                 await self.send_json(video.session_done(self.request_id, self._chunks_sent, item.stopped))
                 return 1000
         # The stream ended without SessionEnded: the replica dropped the session (lease expired).
-        await self.send_error("The session ended on the server", "session_aborted")
+        await self.send_error("The session ended on the server", errors.SESSION_ABORTED)
         return 1011
 
     async def _read_controls(self) -> int:
         mailbox = self._accepted.mailbox
         sid = self._accepted.session_id
         while True:
-            raw = await self.receive_raw()
+            raw = await self.receive_limited()
             try:
                 message = video.parse_control_message(raw)
             except ProtocolError as exc:
@@ -214,10 +208,8 @@ class VideoSession(WebSocketSession):
             await asyncio.sleep(interval)
             await mailbox.renew.remote(sid)
             if time.monotonic() - self._last_progress > self.config.stall_timeout_s:
-                stall = errors.stall_timeout()
-                await self.send_error(stall.message, stall.code)
                 try:
                     await mailbox.post.remote(sid, Stop())
                 except RayActorError:
                     pass
-                return stall.close_code
+                raise SessionFault(errors.stall_timeout())

@@ -19,13 +19,16 @@ from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from deployments.ingress.access import choose_subprotocol
+from deployments.ingress.limits import TokenBucket
 from deployments.observability.metrics import IngressMetrics
 from deployments.protocol import errors
 from deployments.protocol.errors import ProtocolError
+from deployments.sessions.opening import open_session
 
 logger = logging.getLogger("ray.serve")
 
-OPEN_ATTEMPTS = 3
+CLOSE_TIMEOUT_S = 5.0  # a last word or close frame that cannot leave by then is abandoned
 
 
 class Disconnected(Exception):
@@ -35,9 +38,18 @@ class Disconnected(Exception):
 class WebSocketSession:
     endpoint = "websocket"  # names the endpoint in metrics
 
-    def __init__(self, websocket: WebSocket, metrics: IngressMetrics | None = None) -> None:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        metrics: IngressMetrics | None = None,
+        *,
+        subprotocol: str | None = None,
+        max_messages_per_second: float | None = None,
+    ) -> None:
         self.ws = websocket
         self.metrics = metrics
+        self.subprotocol = subprotocol  # echoed at accept: browsers drop a handshake that picks none of theirs
+        self._message_rate = TokenBucket(max_messages_per_second) if max_messages_per_second else None
         self._send_lock = asyncio.Lock()
         self._stream = None
         self.request_id: str | None = None  # set once the session is accepted; errors then carry it
@@ -67,8 +79,8 @@ class WebSocketSession:
     async def close(self, code: int = 1000) -> None:
         if self.ws.client_state == WebSocketState.CONNECTED:
             try:
-                await self.ws.close(code)
-            except RuntimeError:
+                await asyncio.wait_for(self.ws.close(code), CLOSE_TIMEOUT_S)
+            except (RuntimeError, asyncio.TimeoutError):
                 pass
 
     async def receive_raw(self) -> str | bytes:
@@ -78,9 +90,17 @@ class WebSocketSession:
         text = message.get("text")
         return text if text is not None else message.get("bytes") or b""
 
+    async def receive_limited(self) -> str | bytes:
+        """The next client message within the session's message rate; those over it get an error and are dropped."""
+        while True:
+            raw = await self.receive_raw()
+            if self._message_rate is None or self._message_rate.take():
+                return raw
+            await self.fail(errors.rate_limited("messages", self._message_rate.rate))
+
     # -- life ------------------------------------------------------------------------
     async def run(self) -> None:
-        await self.ws.accept()
+        await self.ws.accept(subprotocol=self.subprotocol)
         try:
             await self.serve()
         except (Disconnected, WebSocketDisconnect):
@@ -94,21 +114,9 @@ class WebSocketSession:
 
     async def open_stream(self, handle: DeploymentHandle, method: str, request: object, accepted: type, retry_after_s: float):
         """The replica's first item: `accepted` or a refusal. A full replica refuses at once, so try another."""
-        refusal = None
-        for attempt in range(OPEN_ATTEMPTS):
-            stream = handle.options(stream=True, method_name=method).remote(request)
-            try:
-                first = await stream.__anext__()
-            except StopAsyncIteration:
-                continue
-            if isinstance(first, accepted):
-                self._stream = stream
-                return first
-            refusal = first
-            if first.code != errors.OVER_CAPACITY:
-                break
-            await asyncio.sleep(0.05 * (attempt + 1))
-        return refusal
+        opened = await open_session(handle, method, request, accepted)
+        self._stream = opened.stream
+        return opened.first
 
     def refusal_error(self, refusal, retry_after_s: float, prefix: str) -> ProtocolError:
         if refusal is None or refusal.code == errors.OVER_CAPACITY:
@@ -120,9 +128,14 @@ class WebSocketSession:
         return self._stream
 
     async def supervise(self, *coroutines) -> None:
-        """Run the session's tasks until the first ends; each returns the close code (None: leave it open)."""
+        """Run the session's tasks until the first ends; each returns the close code (None: leave it open).
+
+        A task ends the session with an error by raising SessionFault: the error is sent after the other
+        tasks are cancelled, so it never waits behind a send that a slow client holds up.
+        """
         tasks = {asyncio.create_task(c) for c in coroutines}
         close_code: int | None = None
+        last_word: ProtocolError | None = None
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             finished = done.pop()
@@ -131,25 +144,47 @@ class WebSocketSession:
                 close_code = finished.result()
             elif isinstance(outcome, (Disconnected, WebSocketDisconnect)):
                 close_code = None
+            elif isinstance(outcome, SessionFault):
+                last_word = outcome.error
             elif isinstance(outcome, RayActorError):
                 logger.warning("session %s: replica lost: %s", self.request_id, outcome)
-                close_code = await self._last_word(errors.replica_lost())
+                last_word = errors.replica_lost()
             else:
                 logger.error("session %s failed", self.request_id, exc_info=outcome)
-                close_code = await self._last_word(errors.internal_error())
+                last_word = errors.internal_error()
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         if self._stream is not None:
             self._stream.cancel()
+        if last_word is not None:
+            close_code = await self._last_word(last_word)
         if close_code is not None:
             await self.close(close_code)
 
     async def _last_word(self, error: ProtocolError) -> int | None:
         """Tell the client, if it is still there; returns the close code."""
         try:
-            await self.send_json(error.to_message(self.request_id))
+            await asyncio.wait_for(self.send_json(error.to_message(self.request_id)), CLOSE_TIMEOUT_S)
         except Exception:  # the client may be gone too
             pass
         return error.close_code
+
+
+async def refuse_websocket(websocket: WebSocket, denied) -> None:
+    """Accept only to say why, then close with 1008: a browser sees the reason, not a bare failed handshake."""
+    await websocket.accept(subprotocol=choose_subprotocol(websocket.headers))
+    try:
+        await websocket.send_json(errors.error_message(denied.message, denied.code))
+        await asyncio.wait_for(websocket.close(errors.CLOSE_POLICY), CLOSE_TIMEOUT_S)
+    except (RuntimeError, asyncio.TimeoutError, WebSocketDisconnect):
+        pass
+
+
+class SessionFault(Exception):
+    """Raised by a session task to end the session with this error."""
+
+    def __init__(self, error: ProtocolError) -> None:
+        super().__init__(error.message)
+        self.error = error

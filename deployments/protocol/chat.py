@@ -106,6 +106,8 @@ QUERY_AUDIO_BASE64_MESSAGE = "Invalid base64 in video.query audio_data"
 # video.frame.ack reasons (accepted: false)
 ACK_FILTERED = "filtered"  # EVS dropped it (vLLM-Omni's reason)
 ACK_INVALID_IMAGE = "invalid_image"  # ours: not a decodable JPEG/PNG within the limits
+ACK_RATE_LIMITED = "rate_limited"  # ours: over the session's frames-per-second limit
+AUDIO_BUFFER_FULL = "audio_buffer_full"
 
 
 # =====================================================================================
@@ -385,6 +387,14 @@ def query_failed() -> ProtocolError:
 def invalid_image(reason: str, frame_id: str | int | None = None) -> ProtocolError:
     """A frame that is not a decodable JPEG/PNG within the limits: an error for that frame only."""
     return ProtocolError(f"Invalid image in video.frame: {reason}", INVALID_IMAGE, frame_id=frame_id)
+
+
+def audio_buffer_full(max_seconds: float) -> ProtocolError:
+    """More audio than the buffer holds arrived before a query: the oldest was dropped. Sent once per query."""
+    return ProtocolError(
+        f"Audio buffer full: only the latest {max_seconds:g} s are kept until the next video.query; older audio was dropped",
+        AUDIO_BUFFER_FULL,
+    )
 
 
 # =====================================================================================

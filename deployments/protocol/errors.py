@@ -36,6 +36,9 @@ OVER_CAPACITY = "over_capacity"
 REPLICA_LOST = "replica_lost"
 STALL_TIMEOUT = "stall_timeout"
 INTERNAL_ERROR = "internal_error"
+CLIENT_TOO_SLOW = "client_too_slow"
+RATE_LIMITED = "rate_limited"
+SESSION_ABORTED = "session_aborted"  # the replica dropped the session (its lease lapsed)
 
 # -- fixed texts that are not produced by a parser ------------------------------------
 START_TIMEOUT_MESSAGE = "Timeout waiting for session.start"
@@ -119,6 +122,20 @@ def over_capacity(retry_after_s: float, message: str = "Server is at capacity; t
 
 def replica_lost(message: str = "The generation replica was lost") -> ProtocolError:
     return ProtocolError(message, REPLICA_LOST, close_code=CLOSE_SERVER_FAULT)
+
+
+def client_too_slow(behind_s: float) -> ProtocolError:
+    """The client stopped taking chunks while generation waited on it (world_model/flow.py)."""
+    return ProtocolError(
+        f"Client too slow: no playback progress while {behind_s:g} s of media waited; session ended",
+        CLIENT_TOO_SLOW,
+        close_code=CLOSE_POLICY,
+    )
+
+
+def rate_limited(what: str, limit: float) -> ProtocolError:
+    """Over a per-session rate: this message is dropped, the session goes on."""
+    return ProtocolError(f"Too many {what}: the limit is {limit:g} per second; this one was dropped", RATE_LIMITED)
 
 
 def internal_error(message: str = "Internal server error") -> ProtocolError:

@@ -169,6 +169,7 @@ def _check_image_reference(value: Any) -> Any:
 
 
 _DATA_URL = re.compile(r"^data:image/(png|jpeg|webp);base64,", re.IGNORECASE)
+_WEB_URL = re.compile(r"^https?://", re.IGNORECASE)
 
 
 class ImageReference(BaseModel):
@@ -178,10 +179,10 @@ class ImageReference(BaseModel):
 
     @field_validator("image_url")
     @classmethod
-    def _data_url_only(cls, value: str) -> str:
-        # Remote URLs are never fetched (no SSRF, and replicas may have no network).
-        if not _DATA_URL.match(value):
-            raise ValueError("must be a data:image/png, data:image/jpeg or data:image/webp base64 URL (remote URLs are not fetched)")
+    def _data_or_web_url(cls, value: str) -> str:
+        # http(s) URLs pass here; the ingress fetches them only from allowed hosts (ingress/image_fetch.py).
+        if not _DATA_URL.match(value) and not _WEB_URL.match(value):
+            raise ValueError("must be a data:image/png, data:image/jpeg or data:image/webp base64 URL, or an http(s) URL")
         return value
 
 
@@ -254,7 +255,7 @@ class SessionStartRequest(BaseModel):
         """
         out = self.model_dump(mode="json", exclude_unset=True)
         ref = out.get("image_reference")
-        if isinstance(ref, dict) and isinstance(ref.get("image_url"), str):
+        if isinstance(ref, dict) and isinstance(ref.get("image_url"), str) and _DATA_URL.match(ref["image_url"]):
             head, _, payload = ref["image_url"].partition(",")
             ref["image_url"] = f"{head},<{len(payload)} base64 characters elided>"
         return out
@@ -426,8 +427,11 @@ class ResolvedStart:
         )
 
 
-def resolve_generation(request: SessionStartRequest, defaults: GenerationDefaults) -> ResolvedStart:
-    """Apply the defaults, check what the model can honour, round the length to whole blocks, decode the start image."""
+def resolve_generation(request: SessionStartRequest, defaults: GenerationDefaults, remote_image: bytes | None = None) -> ResolvedStart:
+    """Apply the defaults, check what the model can honour, round the length to whole blocks, decode the start image.
+
+    An http(s) `image_reference` is fetched by the caller (which owns the network policy) and passed as `remote_image`.
+    """
     problems: list[str] = []
     fps = request.fps if request.fps is not None else defaults.fps
 
@@ -475,7 +479,13 @@ def resolve_generation(request: SessionStartRequest, defaults: GenerationDefault
 
     image = None
     if request.image_reference is not None:
-        image = decode_image_data_url(request.image_reference.image_url, defaults.max_image_pixels)
+        url = request.image_reference.image_url
+        if _WEB_URL.match(url):
+            if remote_image is None:
+                raise invalid_start("image_reference.image_url: remote URLs are not fetched here; send a data:image/...;base64 URL")
+            image = decode_image_bytes(remote_image, defaults.max_image_pixels)
+        else:
+            image = decode_image_data_url(url, defaults.max_image_pixels)
     if defaults.image_conditioned is True and image is None:
         raise invalid_start("image_reference: this model is image-to-video and needs a start image")
     if defaults.image_conditioned is False and image is not None:
@@ -503,8 +513,6 @@ def resolve_generation(request: SessionStartRequest, defaults: GenerationDefault
 
 def decode_image_data_url(url: str, max_pixels: int = IMAGE_MAX_PIXELS) -> np.ndarray:
     """`data:image/png|jpeg|webp;base64,...` -> uint8 (H, W, 3); the size is checked from the header before decoding."""
-    from PIL import Image, ImageOps
-
     match = _DATA_URL.match(url)
     if match is None:
         raise invalid_start("image_reference.image_url: must be a data:image/png, data:image/jpeg or data:image/webp base64 URL")
@@ -512,6 +520,13 @@ def decode_image_data_url(url: str, max_pixels: int = IMAGE_MAX_PIXELS) -> np.nd
         data = base64.b64decode(url[match.end():], validate=True)
     except (binascii.Error, ValueError):
         raise invalid_start("image_reference.image_url: the base64 payload is not valid") from None
+    return decode_image_bytes(data, max_pixels)
+
+
+def decode_image_bytes(data: bytes, max_pixels: int = IMAGE_MAX_PIXELS) -> np.ndarray:
+    """PNG, JPEG or WebP bytes -> uint8 (H, W, 3); the size is checked from the header before decoding."""
+    from PIL import Image, ImageOps
+
     try:
         with Image.open(io.BytesIO(data), formats=("PNG", "JPEG", "WEBP")) as img:
             width, height = img.size

@@ -221,7 +221,8 @@ class UnderstandingEngine:
         # once: a real model does not need it. Per-call value overrides.
         self.min_new_tokens = min_new_tokens
         self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
+        # The model's own dtype: modules kept in float32 may come first among the parameters.
+        self.dtype = getattr(model, "dtype", None) or next(model.parameters()).dtype
         # The saved video size; the Omni processor would otherwise impose its
         # class default (see module docstring).
         video_processor = getattr(processor, "video_processor", None)

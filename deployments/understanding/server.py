@@ -56,6 +56,10 @@ class UnderstandingServer:
         self.metrics = ReplicaMetrics("chat")
         self.slots = SessionSlots(config.max_chat_sessions_per_replica, on_change=self.metrics.slots)
         self.mailbox = MailboxActor.remote()
+        # The engine answers one question at a time. Sessions wait for their turn here, in the event loop:
+        # waiting inside worker threads would fill the default thread pool, and the session holding the
+        # engine would then find no thread to stream its own answer (every chat stuck behind one).
+        self._engine_turn = asyncio.Lock()
         try:
             self.replica_id = serve.get_replica_context().replica_id.unique_id
         except Exception:  # outside Serve
@@ -123,6 +127,11 @@ class UnderstandingServer:
         """Stream one answer; a newer query arriving meanwhile stops it (and waits in `inbox`)."""
         audio_seconds = 0.0 if query.audio is None or not self.engine.takes_audio else len(query.audio) / self.engine.sampling_rate
         yield QueryStarted(query.query_id, len(query.frames), round(audio_seconds, 3))
+        async with self._engine_turn:
+            async for item in self._stream(sid, request, query, inbox):
+                yield item
+
+    async def _stream(self, sid: str, request: ChatRequest, query: Query, inbox: list) -> AsyncIterator[object]:
         stop = threading.Event()
         deltas = self.engine.stream_answer(
             list(query.frames),

@@ -34,7 +34,8 @@ def measure_footprint(engine: WorldModelEngine, height: int, width: int) -> Sess
     config = engine.transformer.config
     inner = config.num_attention_heads * config.attention_head_dim
     tokens = engine.geometry.tokens_per_frame(height, width) * engine.geometry.num_frames_per_block
-    scratch = 8 * tokens * max(inner, config.ffn_dim) * torch.empty((), dtype=engine.dtype).element_size()
+    # plus the context keys rotated once per block (half the KV cache) while the block runs.
+    scratch = 8 * tokens * max(inner, config.ffn_dim) * torch.empty((), dtype=engine.dtype).element_size() + kv // 2
     return SessionFootprint(kv, vae, scratch)
 
 

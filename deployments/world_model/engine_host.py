@@ -40,10 +40,10 @@ def _device(accelerator: str) -> str:
 class EngineSessions:
     """One engine and the sessions open on it, by id (what each host, and each rank, keeps)."""
 
-    def __init__(self, path: Path, device: str, dtype, tensor_parallel=None) -> None:
+    def __init__(self, path: Path, device: str, dtype, vae_dtype, tensor_parallel=None) -> None:
         from deployments.generation.engine import WorldModelEngine
 
-        self.engine = WorldModelEngine.from_pretrained(path, device=device, dtype=dtype, tensor_parallel=tensor_parallel)
+        self.engine = WorldModelEngine.from_pretrained(path, device=device, dtype=dtype, vae_dtype=vae_dtype, tensor_parallel=tensor_parallel)
         self.sessions: dict = {}
 
     def info(self) -> dict:
@@ -71,8 +71,24 @@ class EngineSessions:
     def submit(self, session_id: str, interaction: Interaction) -> None:
         self.sessions[session_id].submit(interaction)
 
-    def generate(self, session_id: str) -> GeneratedBlock:
-        return self.engine.generate_block(self.sessions[session_id])
+    def generate_many(self, session_ids: list[str], decode: bool = True) -> dict[str, GeneratedBlock | BaseException]:
+        """The next block of each session; sessions whose shapes allow it are denoised together.
+
+        A session cancelled half-way maps to its SessionCancelled; other failures raise for the whole call.
+        With `decode=False` the frames come from `decode_many`, outside the engine lock.
+        """
+        groups: dict[tuple, list[str]] = {}
+        for sid in session_ids:
+            groups.setdefault(self.engine.batch_key(self.sessions[sid]), []).append(sid)
+        outcomes: dict[str, GeneratedBlock | BaseException] = {}
+        for ids in groups.values():
+            outcomes.update(zip(ids, self.engine.generate_blocks([self.sessions[sid] for sid in ids], decode)))
+        return outcomes
+
+    def decode_many(self, session_ids: list[str]) -> dict[str, object]:
+        """Frames of each session's oldest deferred block; sessions at the same point decode as one batch."""
+        frames = self.engine.decode_grouped([self.sessions[sid] for sid in session_ids])
+        return {sid: frames[i] for i, sid in enumerate(session_ids)}
 
     def cancel(self, session_id: str) -> None:
         session = self.sessions.get(session_id)
@@ -84,10 +100,14 @@ class EngineSessions:
         if session is not None:
             session.close()
 
+    def holding(self) -> dict:
+        """What the engine keeps for open sessions (KV cache, text condition, VAE state): leaks show here."""
+        return {"engine_sessions": len(self.sessions), "session_bytes": sum(s.memory_bytes() for s in self.sessions.values())}
+
 
 class LocalEngineHost:
-    def __init__(self, path: Path, accelerator: str, dtype) -> None:
-        self.local = EngineSessions(path, _device(accelerator), dtype)
+    def __init__(self, path: Path, accelerator: str, dtype, vae_dtype) -> None:
+        self.local = EngineSessions(path, _device(accelerator), dtype, vae_dtype)
 
     def start(self) -> None:
         pass
@@ -104,8 +124,11 @@ class LocalEngineHost:
     async def submit(self, session_id: str, interaction: Interaction) -> None:
         self.local.submit(session_id, interaction)
 
-    async def generate(self, session_id: str) -> GeneratedBlock:
-        return await asyncio.to_thread(self.local.generate, session_id)
+    async def generate_many(self, session_ids: list[str], decode: bool = True) -> dict[str, GeneratedBlock | BaseException]:
+        return await asyncio.to_thread(self.local.generate_many, session_ids, decode)
+
+    async def decode_many(self, session_ids: list[str]) -> dict[str, object]:
+        return await asyncio.to_thread(self.local.decode_many, session_ids)
 
     def cancel(self, session_id: str) -> None:
         self.local.cancel(session_id)
@@ -114,7 +137,7 @@ class LocalEngineHost:
         self.local.close(session_id)
 
     async def ranks(self) -> list[dict]:
-        return [{"rank": 0, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": ray.get_gpu_ids()}]
+        return [{"rank": 0, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": ray.get_gpu_ids(), **self.local.holding()}]
 
     async def check(self) -> None:
         pass
@@ -122,7 +145,7 @@ class LocalEngineHost:
 
 @ray.remote(max_concurrency=4)  # `cancel` must get in while `generate` runs
 class RankWorker:
-    def __init__(self, rank: int, world_size: int, init_method: str, path: str, accelerator: str, dtype_name: str) -> None:
+    def __init__(self, rank: int, world_size: int, init_method: str, path: str, accelerator: str, dtype_name: str, vae_dtype_name: str) -> None:
         import torch
 
         from deployments.generation.tensor_parallel import TensorParallel
@@ -132,10 +155,16 @@ class RankWorker:
             torch.cuda.set_device(0)  # Ray gives each rank exactly its own GPU
         tp = TensorParallel.initialize(rank, world_size, init_method, device_type=device)
         self.rank = rank
-        self.local = EngineSessions(Path(path), device, getattr(torch, dtype_name), tensor_parallel=tp)
+        self.local = EngineSessions(Path(path), device, getattr(torch, dtype_name), getattr(torch, vae_dtype_name), tensor_parallel=tp)
 
     def describe(self) -> dict:
-        return {"rank": self.rank, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": ray.get_gpu_ids()}
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "gpu_ids": ray.get_gpu_ids(),
+            **self.local.holding(),
+        }
 
     def info(self) -> dict:
         return self.local.info()
@@ -149,9 +178,12 @@ class RankWorker:
     def submit(self, session_id: str, interaction: Interaction) -> None:
         self.local.submit(session_id, interaction)
 
-    def generate(self, session_id: str) -> GeneratedBlock | None:
-        block = self.local.generate(session_id)
-        return block if self.rank == 0 else None  # only rank 0 decodes; the others just keep in step
+    def generate_many(self, session_ids: list[str], decode: bool = True) -> dict[str, GeneratedBlock | BaseException]:
+        outcomes = self.local.generate_many(session_ids, decode)
+        return outcomes if self.rank == 0 else {}  # only rank 0 decodes; the others just keep in step
+
+    def decode_many(self, session_ids: list[str]) -> dict[str, object]:
+        return self.local.decode_many(session_ids)
 
     def cancel(self, session_id: str) -> None:
         self.local.cancel(session_id)
@@ -161,7 +193,7 @@ class RankWorker:
 
 
 class TensorParallelHost:
-    def __init__(self, path: Path, accelerator: str, dtype, world_size: int) -> None:
+    def __init__(self, path: Path, accelerator: str, dtype, vae_dtype, world_size: int) -> None:
         from ray.util.placement_group import get_current_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -169,7 +201,7 @@ class TensorParallelHost:
         if group is None:
             raise RuntimeError("tensor_parallel_size > 1 needs the replica's placement group (one GPU bundle per rank)")
         init_method = f"tcp://{ray.util.get_node_ip_address()}:{_free_port()}"
-        dtype_name = str(dtype).removeprefix("torch.")
+        dtype_name, vae_dtype_name = (str(d).removeprefix("torch.") for d in (dtype, vae_dtype))
         bundles = group.bundle_specs
         if len(bundles) != world_size + 1:
             raise RuntimeError(f"the replica's placement group has {len(bundles)} bundles, expected 1 + {world_size} ranks")
@@ -179,7 +211,7 @@ class TensorParallelHost:
                 num_cpus=bundles[rank + 1].get("CPU", 0),
                 num_gpus=bundles[rank + 1].get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank + 1),
-            ).remote(rank, world_size, init_method, str(path), accelerator, dtype_name)
+            ).remote(rank, world_size, init_method, str(path), accelerator, dtype_name, vae_dtype_name)
             for rank in range(world_size)
         ]
         self._info: dict | None = None
@@ -215,8 +247,16 @@ class TensorParallelHost:
         # The engine refuses the same interactions on every rank; rank 0 raises it for all.
         await self._all("submit", session_id, interaction)
 
-    async def generate(self, session_id: str) -> GeneratedBlock:
-        return (await self._all("generate", session_id))[0]
+    async def generate_many(self, session_ids: list[str], decode: bool = True) -> dict[str, GeneratedBlock | BaseException]:
+        return (await self._all("generate_many", session_ids, decode))[0]
+
+    async def decode_many(self, session_ids: list[str]) -> dict[str, object]:
+        # Only rank 0 holds the VAE's work; its actor takes this call beside a running generate_many.
+        try:
+            return await self.workers[0].decode_many.remote(session_ids)
+        except ray.exceptions.RayActorError:
+            logger.error("tensor-parallel rank 0 died; stopping this replica")
+            os._exit(1)
 
     def cancel(self, session_id: str) -> None:
         for worker in self.workers:
@@ -238,7 +278,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_engine_host(path: Path, accelerator: str, dtype, tensor_parallel_size: int):
+def make_engine_host(path: Path, accelerator: str, dtype, vae_dtype, tensor_parallel_size: int):
     if tensor_parallel_size == 1:
-        return LocalEngineHost(path, accelerator, dtype)
-    return TensorParallelHost(path, accelerator, dtype, tensor_parallel_size)
+        return LocalEngineHost(path, accelerator, dtype, vae_dtype)
+    return TensorParallelHost(path, accelerator, dtype, vae_dtype, tensor_parallel_size)

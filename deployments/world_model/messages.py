@@ -70,7 +70,7 @@ class InteractionFailed:
 @dataclass(frozen=True)
 class SessionEnded:
     stopped: bool
-    reason: str = "complete"  # complete | stopped | lease_expired | max_length | error
+    reason: str = "complete"  # complete | stopped | lease_expired | max_length | client_too_slow | error
     blocks: int = 0
     frames: int = 0
 

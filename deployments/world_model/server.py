@@ -34,6 +34,8 @@ from deployments.world_model.messages import (
     Stop,
     Trailer,
 )
+from deployments.world_model.batcher import Batcher
+from deployments.world_model.flow import ClientWindow, FlowSettings
 from deployments.world_model.pacing import MediaClock
 
 logger = logging.getLogger("ray.serve")
@@ -41,6 +43,7 @@ logger = logging.getLogger("ray.serve")
 # Block k+1 starts before chunk k is encoded and sent, so an interaction sent on
 # receiving chunk k first shapes block k+2: the client sees a one-block pipeline.
 PIPELINE_DEPTH = 1
+FLOW_POLL_S = 0.25  # how often a session held back by flow control looks for the client's reports
 
 
 class WorldModelServer:
@@ -54,13 +57,22 @@ class WorldModelServer:
 
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
+
         self.config = config
         path = ensure_tiny_models(config.model_path) if config.build_tiny_models else config.model_path
-        self.host = make_engine_host(path, config.accelerator, config.torch_dtype, config.tensor_parallel_size)
+        self.host = make_engine_host(path, config.accelerator, config.torch_dtype, config.torch_vae_dtype, config.tensor_parallel_size)
         self.host.start()
         self.capacity, self.footprint = self.host.capacity(
             config.height, config.width, config.max_sessions_per_replica, config.gpu_memory_fraction
         )
+        # Sessions' blocks are denoised together and their frames decoded together. On a GPU the decode
+        # runs beside the next blocks' denoising (its own CUDA stream); on a CPU with small models two
+        # threads mostly wait for each other's Python, so the decode stays inside the block (measured:
+        # bench/serving.py, bench/pipelining.py).
+        overlap = config.decode_beside_next_block
+        self.overlap_decode = self.host.info()["device"].startswith("cuda") if overlap is None else overlap
+        self.blocks = Batcher(lambda ids: self.host.generate_many(ids, decode=not self.overlap_decode), config.max_batch_sessions)
+        self.decodes = Batcher(self.host.decode_many, config.max_batch_sessions)
         self.mailbox = MailboxActor.remote()
         try:
             self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -95,6 +107,7 @@ class WorldModelServer:
             "footprint_bytes": self.footprint.total,
             "node_id": ray.get_runtime_context().get_node_id(),
             "ranks": await self.host.ranks(),
+            "batching": {"blocks": self.blocks.stats(), "decodes": self.decodes.stats()},
         }
 
     async def rollout_latents(self, request: SessionRequest, blocks: int) -> list:
@@ -105,45 +118,59 @@ class WorldModelServer:
         try:
             await self.host.open(_session_config(request), request.session_id)
             try:
-                return [(await self.host.generate(request.session_id)).latents for _ in range(blocks)]
+                return [(await self.blocks.submit(request.session_id)).latents for _ in range(blocks)]
             finally:
                 await self.host.close(request.session_id)
         finally:
             self.slots.release(request.session_id)
 
     # -- one session -----------------------------------------------------------
-    async def _next_block(self, sid: str, request: SessionRequest, deadline: float, done: int) -> "_Step":
-        """Apply the mailbox at this boundary, then start the next block in a worker thread (or say why not)."""
+    async def _next_block(self, sid: str, request: SessionRequest, deadline: float, done: int, window: ClientWindow, sent_s: float) -> "_Step":
+        """Apply the mailbox at this boundary, then start the next block in a worker thread (or say why not).
+
+        While the client is too far behind (flow.py), wait here for its playback reports instead.
+        """
         failures: list[InteractionFailed] = []
         if request.num_blocks is not None and done >= request.num_blocks:
             return _Step(None, failures, "complete")
-        delivery = await self.mailbox.take.remote(sid)
-        stop = False
         playback = None
-        for message in delivery.messages:
-            if isinstance(message, Stop):
-                stop = True
-            elif isinstance(message, Playback):
-                playback = message.position_seconds
-            elif isinstance(message, Interact):
-                try:
-                    await self.host.submit(sid, message.interaction)
-                    self.metrics.interaction("applied")
-                except InteractionRefused as exc:
-                    self.metrics.interaction("failed")
-                    failures.append(InteractionFailed(message.interaction.event_id, str(exc)))
-        if stop:
-            return _Step(None, failures, "stopped", playback)
-        if delivery.lease_expired:
-            logger.warning("session %s: lease expired, dropping it", sid)
-            return _Step(None, failures, "lease_expired")
-        if time.monotonic() > deadline:
-            return _Step(None, failures, "max_length")
-        return _Step(asyncio.ensure_future(self._timed_block(sid)), failures, playback=playback)
+        wait_s = 0.0
+        while True:
+            if wait_s:
+                delivery = await self.mailbox.wait_take.remote(sid, wait_s)
+            else:
+                delivery = await self.mailbox.take.remote(sid)
+            stop = False
+            for message in delivery.messages:
+                if isinstance(message, Stop):
+                    stop = True
+                elif isinstance(message, Playback):
+                    playback = message.position_seconds
+                    window.observe_playback(playback)
+                elif isinstance(message, Interact):
+                    try:
+                        await self.host.submit(sid, message.interaction)
+                        self.metrics.interaction("applied")
+                    except InteractionRefused as exc:
+                        self.metrics.interaction("failed")
+                        failures.append(InteractionFailed(message.interaction.event_id, str(exc)))
+            if stop:
+                return _Step(None, failures, "stopped", playback)
+            if delivery.lease_expired:
+                logger.warning("session %s: lease expired, dropping it", sid)
+                return _Step(None, failures, "lease_expired")
+            if time.monotonic() > deadline:
+                return _Step(None, failures, "max_length")
+            if window.may_generate(sent_s):
+                return _Step(asyncio.ensure_future(self._timed_block(sid)), failures, playback=playback)
+            if window.too_slow():
+                logger.warning("session %s: the client stopped taking chunks, dropping it", sid)
+                return _Step(None, failures, "client_too_slow", playback)
+            wait_s = FLOW_POLL_S
 
     async def _timed_block(self, sid: str):
         began = time.perf_counter()
-        block = await self.host.generate(sid)
+        block = await self.blocks.submit(sid)
         self.metrics.block(time.perf_counter() - began, block.metadata.num_frames)
         return block
 
@@ -156,7 +183,7 @@ class WorldModelServer:
             return
         began = time.monotonic()
         opened = False
-        encoder = generating = None
+        encoder = generating = decoding = None
         try:
             await self.mailbox.open.remote(sid, self.config.lease_timeout_s)
             try:
@@ -175,7 +202,8 @@ class WorldModelServer:
             deadline = time.monotonic() + self.config.max_session_seconds
             clock = MediaClock(request.pacing) if request.pacing is not None else None
             blocks = frames = sent_frames = 0
-            step = await self._next_block(sid, request, deadline, blocks)
+            window = ClientWindow(FlowSettings(self.config.max_media_ahead_s, self.config.client_stalled_timeout_s))
+            step = await self._next_block(sid, request, deadline, blocks, window, 0.0)
             generating = step.future
             while generating is not None:
                 for failure in step.failures:
@@ -185,9 +213,17 @@ class WorldModelServer:
                 blocks += 1
                 frames += block.metadata.num_frames
                 # Start the next block before encoding this one: encoding runs beside the denoising.
-                step = await self._next_block(sid, request, deadline, blocks)
+                # Flow control counts media already sent: the block just made is sent right after, whatever
+                # the client does, so a client waiting for it is never held up by it.
+                step = await self._next_block(sid, request, deadline, blocks, window, sent_frames / request.fps)
                 generating = step.future
-                piece = await encoder.encode(block.frames)
+                # Decode and encode run beside the next block's denoising (the VAE state is the session's own);
+                # shielded like the block, so a cancelled stream never closes a session mid-decode.
+                if self.overlap_decode:
+                    decoding = asyncio.ensure_future(self.decodes.submit(sid))
+                    piece = await encoder.encode(await asyncio.shield(decoding))
+                else:
+                    piece = await encoder.encode(block.frames)
                 if clock is not None:
                     if step.playback is not None:
                         clock.observe_playback(step.playback)
@@ -196,6 +232,7 @@ class WorldModelServer:
                 meta = block.metadata
                 if meta.block_index == 0:
                     self.metrics.first_chunk(time.monotonic() - began)
+                window.chunk_sent()
                 yield MediaChunk(
                     piece.data,
                     piece.num_frames,
@@ -211,6 +248,9 @@ class WorldModelServer:
             logger.info("session %s ended: %s after %d blocks", sid, reason, blocks)
             if reason == "lease_expired":
                 return
+            if reason == "client_too_slow":
+                yield SessionEnded(stopped=False, reason=reason, blocks=blocks, frames=frames)
+                return
             tail = await encoder.close()
             yield Trailer(tail.data, tail.num_frames)
             yield SessionEnded(stopped=reason == "stopped", reason=reason, blocks=blocks, frames=frames)
@@ -220,6 +260,9 @@ class WorldModelServer:
                 self.host.cancel(sid)
                 await asyncio.wait([generating])
                 generating.exception()  # retrieved: SessionCancelled is the expected outcome
+            if decoding is not None and not decoding.done():
+                await asyncio.wait([decoding])
+                decoding.exception()
             if encoder is not None:
                 encoder.shutdown()
             if opened:

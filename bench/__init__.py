@@ -1,0 +1,1 @@
+"""Benchmarks: each module prints JSON; `python -m bench.run_all` runs them all (see README, Benchmarks)."""

@@ -1,0 +1,223 @@
+"""The jobs' life: queued -> in_progress -> completed | failed, with its record, its video and its expiry.
+
+One `JobManager` lives in the single VideoJobs replica. It writes every
+change to the store itself (one writer), runs each job as an asyncio task
+through a `SessionRunner`, remuxes the finished stream to a progressive MP4
+and puts it in the content store. When it starts, jobs an earlier owner left
+queued or in progress are marked failed, not re-run: their callers asked for
+one render and may already have given up, and the request (its start image)
+is not kept. Pure asyncio: tests drive it with a fake runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from deployments.jobs.content import ContentStore
+from deployments.jobs.records import (
+    COMPLETED,
+    FAILED,
+    IN_PROGRESS,
+    QUEUED,
+    JobError,
+    JobPage,
+    JobRecord,
+    JobsError,
+    JobSpec,
+    new_job_id,
+    not_found,
+)
+from deployments.jobs.runner import JobFailed
+from deployments.jobs.store import JobStore
+from deployments.media.remux import remux_file
+
+logger = logging.getLogger("ray.serve")
+
+RESTARTED = JobError("server_restarted", "The server restarted while the job ran; create the video again.")
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    expiry_s: float
+    max_queued: int
+    retry_after_s: float
+
+
+class JobManager:
+    def __init__(
+        self,
+        store: JobStore,
+        content: ContentStore,
+        runner,  # SessionRunner, or a fake with the same `run`
+        owner: str,
+        settings: JobSettings,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.content = content
+        self.runner = runner
+        self.owner = owner
+        self.settings = settings
+        self._now = now
+        # The store's connection belongs to the event loop's thread: only file and media work goes to threads.
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._finished: dict[str, asyncio.Event] = {}
+        self._waiting: set[str] = set()  # queued: no replica has taken them yet
+
+    # -- start -----------------------------------------------------------------------
+    def recover(self) -> list[str]:
+        """Take over from earlier owners: fail what they left running, drop their partial files."""
+        failed = self.store.take_over(self.owner, RESTARTED, self.settings.expiry_s)
+        self.content.clear_scratch()
+        if failed:
+            logger.warning("video jobs: %d job(s) left unfinished by an earlier owner marked failed", len(failed))
+        return failed
+
+    # -- asking ------------------------------------------------------------------------
+    def create(self, spec: JobSpec) -> JobRecord:
+        if len(self._waiting) >= self.settings.max_queued:
+            raise JobsError(
+                JobsError.QUEUE_FULL,
+                f"The video queue is full ({len(self._waiting)} jobs waiting); try again later.",
+                retry_after_s=self.settings.retry_after_s,
+            )
+        request = spec.request
+        record = JobRecord(
+            id=new_job_id(),
+            status=QUEUED,
+            created_at=self._now(),
+            model=spec.model,
+            prompt=request.prompt,
+            seconds=spec.seconds,
+            size=spec.size,
+            fps=request.fps,
+            num_frames=spec.num_frames,
+            seed=request.seed,
+            owner=self.owner,
+        )
+        self.store.insert(record)
+        self._waiting.add(record.id)
+        self._finished[record.id] = asyncio.Event()
+        self._tasks[record.id] = asyncio.create_task(self._run(record.id, spec), name=f"video-job-{record.id}")
+        return record
+
+    def get(self, job_id: str) -> JobRecord:
+        record = self.store.get(job_id)
+        if record is None:
+            raise not_found(job_id)
+        return record
+
+    def page(self, limit: int, after: str | None = None, order: str = "desc") -> JobPage:
+        return self.store.page(limit, after, order)
+
+    async def wait(self, job_id: str, timeout_s: float) -> JobRecord:
+        """The job once it finished, or as it stands after `timeout_s`."""
+        record = self.get(job_id)
+        event = self._finished.get(job_id)
+        if not record.finished and event is not None:
+            try:
+                await asyncio.wait_for(event.wait(), timeout_s)
+            except TimeoutError:
+                pass
+        return self.get(job_id)
+
+    async def delete(self, job_id: str) -> None:
+        """Cancel the job if it runs (its session ends, its slot frees), then drop its record and video."""
+        self.get(job_id)
+        task = self._tasks.get(job_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            self._forget(job_id)  # a task cancelled before it started never ran its own cleanup
+        self.store.delete(job_id)
+        await asyncio.to_thread(self.content.delete, job_id)
+
+    async def content_size(self, job_id: str) -> int:
+        record = self.get(job_id)
+        size = await asyncio.to_thread(self.content.size, job_id) if record.status == COMPLETED else None
+        if size is None:
+            raise JobsError(JobsError.NOT_READY, f"Video '{job_id}' has no content: it is {record.status}.", param="video_id")
+        return size
+
+    async def read_content(self, job_id: str) -> Iterator[bytes]:
+        """The video's chunks; iterate them in a thread (each one reads the content store)."""
+        await self.content_size(job_id)
+        return self.content.read(job_id)
+
+    def stats(self) -> dict:
+        return {"owner": self.owner, "running": sorted(self._tasks), "waiting": sorted(self._waiting)}
+
+    # -- expiry ------------------------------------------------------------------------
+    async def remove_expired(self) -> list[str]:
+        gone = []
+        for job_id in self.store.expired():
+            if job_id in self._tasks:
+                continue  # never expire a job that still runs
+            await asyncio.to_thread(self.content.delete, job_id)
+            self.store.delete(job_id)
+            gone.append(job_id)
+        return gone
+
+    async def expire_forever(self, interval_s: float) -> None:
+        while True:
+            try:
+                gone = await self.remove_expired()
+                if gone:
+                    logger.info("video jobs: %d expired job(s) removed", len(gone))
+            except Exception:  # a failing disk must not stop the next round
+                logger.exception("video jobs: expiry round failed")
+            await asyncio.sleep(interval_s)
+
+    # -- one job -----------------------------------------------------------------------
+    async def _run(self, job_id: str, spec: JobSpec) -> None:
+        stream_file = self.content.scratch_path(job_id, ".fmp4")
+        video_file = self.content.scratch_path(job_id, ".mp4")
+        progress = 0
+
+        def started(seed: int) -> None:
+            self._waiting.discard(job_id)
+            self.store.update(job_id, self.owner, status=IN_PROGRESS, seed=seed)
+
+        def block_done(blocks: int) -> None:
+            nonlocal progress
+            # 100 is for a job whose video can be downloaded: the last block still has to be remuxed and stored.
+            percent = min(99, blocks * 100 // spec.num_blocks)
+            if percent != progress:
+                progress = percent
+                self.store.update(job_id, self.owner, progress=percent)
+
+        try:
+            result = await self.runner.run(spec, stream_file, started, block_done)
+            frames = await asyncio.to_thread(remux_file, stream_file, video_file)
+            if frames != result.frames:
+                logger.warning("video job %s: %d frames generated but %d remuxed", job_id, result.frames, frames)
+            await asyncio.to_thread(self.content.put, job_id, video_file)
+            self._finish(job_id, COMPLETED)
+        except asyncio.CancelledError:
+            raise  # deleted: the record goes with it
+        except JobFailed as exc:
+            self._finish(job_id, FAILED, JobError(exc.code, exc.message))
+        except Exception as exc:
+            logger.exception("video job %s failed", job_id)
+            self._finish(job_id, FAILED, JobError("internal_error", f"Rendering failed: {type(exc).__name__}"))
+        finally:
+            stream_file.unlink(missing_ok=True)
+            video_file.unlink(missing_ok=True)
+            self._forget(job_id)
+
+    def _forget(self, job_id: str) -> None:
+        """The job no longer runs here: drop it from the queue and wake whoever waits on it."""
+        self._waiting.discard(job_id)
+        self._tasks.pop(job_id, None)
+        event = self._finished.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+    def _finish(self, job_id: str, status: str, error: JobError | None = None) -> None:
+        if not self.store.finish(job_id, self.owner, status, self.settings.expiry_s, error):
+            # Deleted meanwhile, or a newer owner took it over: the video is nobody's.
+            self.content.delete(job_id)

@@ -1,0 +1,100 @@
+"""What a video job is: the request it runs, the record the store keeps, and how asking about one can fail.
+
+Plain dataclasses, pickled between the ingress and the VideoJobs replica; the
+OpenAI wire shape is built from them in `deployments/protocol/videos.py`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from deployments.world_model.messages import SessionRequest
+
+QUEUED = "queued"
+IN_PROGRESS = "in_progress"
+COMPLETED = "completed"
+FAILED = "failed"
+ACTIVE = (QUEUED, IN_PROGRESS)
+FINISHED = (COMPLETED, FAILED)
+
+ID_PREFIX = "video_"
+
+
+def new_job_id() -> str:
+    return ID_PREFIX + uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated job: the session a replica runs, plus what the job object reports about it."""
+
+    request: SessionRequest
+    model: str
+    seconds: str
+    size: str
+    num_frames: int
+    # Keyboard actions, one key set per latent frame, submitted as one interaction when the session opens.
+    actions: tuple[tuple[str, ...], ...] | None = None
+
+    @property
+    def num_blocks(self) -> int:
+        return self.request.num_blocks or 1
+
+
+@dataclass(frozen=True)
+class JobError:
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    status: str  # queued | in_progress | completed | failed
+    created_at: float
+    model: str
+    prompt: str
+    seconds: str
+    size: str
+    fps: int
+    num_frames: int
+    progress: int = 0
+    seed: int | None = None  # known once a replica opened the session (it draws one when not asked)
+    completed_at: float | None = None
+    expires_at: float | None = None  # set when the job finishes: the record and its video go then
+    error: JobError | None = None
+    owner: str = ""  # the VideoJobs replica that runs (or ran) it
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+
+@dataclass(frozen=True)
+class JobPage:
+    data: list[JobRecord] = field(default_factory=list)
+    has_more: bool = False
+
+
+class JobsError(Exception):
+    """A question about jobs the owner cannot answer as asked; `kind` says why (the ingress maps it to HTTP)."""
+
+    NOT_FOUND = "not_found"
+    NOT_READY = "not_ready"  # no content (yet)
+    QUEUE_FULL = "queue_full"
+
+    def __init__(self, kind: str, message: str, retry_after_s: float | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.retry_after_s = retry_after_s
+        self.param = param
+
+    def __reduce__(self):
+        # Ray pickles exceptions raised in a replica; keep every field across the trip.
+        return (type(self), (self.kind, self.message, self.retry_after_s, self.param))
+
+
+def not_found(job_id: str, param: str | None = None) -> JobsError:
+    return JobsError(JobsError.NOT_FOUND, f"No video found with id '{job_id}'.", param=param)

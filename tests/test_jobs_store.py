@@ -1,0 +1,274 @@
+"""Video jobs without Ray: the SQLite store, the content store, and a job's life in the manager (fake runner)."""
+
+import asyncio
+import io
+
+import av
+import numpy as np
+import pytest
+
+from deployments.jobs.content import ContentStore
+from deployments.jobs.manager import JobManager, JobSettings
+from deployments.jobs.records import (
+    COMPLETED,
+    FAILED,
+    IN_PROGRESS,
+    QUEUED,
+    JobError,
+    JobRecord,
+    JobsError,
+    JobSpec,
+)
+from deployments.jobs.runner import JobFailed, RunResult
+from deployments.jobs.store import JobStore
+from deployments.media.fmp4 import FragmentedMP4Encoder
+from deployments.world_model.messages import SessionRequest
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Clock:
+    def __init__(self, t: float = 1_700_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def record(job_id: str, owner: str = "a", status: str = QUEUED, created_at: float = 1.0) -> JobRecord:
+    return JobRecord(id=job_id, status=status, created_at=created_at, model="m", prompt="p", seconds="1", size="64x64",
+                     fps=8, num_frames=9, owner=owner)
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path, clock):
+    s = JobStore(tmp_path / "state" / "jobs.db", now=clock)
+    yield s
+    s.close()
+
+
+# -- store ---------------------------------------------------------------------------
+def test_records_round_trip_and_survive_a_new_connection(tmp_path, store, clock):
+    store.insert(record("video_1"))
+    assert store.update("video_1", "a", status=IN_PROGRESS, seed=2**63 - 1, progress=40)
+    store.close()
+    again = JobStore(tmp_path / "state" / "jobs.db", now=clock)
+    got = again.get("video_1")
+    assert (got.status, got.seed, got.progress, got.prompt, got.fps) == (IN_PROGRESS, 2**63 - 1, 40, "p", 8)
+    assert again.get("video_nope") is None
+    again.close()
+
+
+def test_finish_sets_progress_and_expiry_and_keeps_the_error(store, clock):
+    store.insert(record("video_ok"))
+    store.insert(record("video_bad"))
+    store.update("video_bad", "a", progress=33)
+    assert store.finish("video_ok", "a", COMPLETED, expiry_s=100)
+    assert store.finish("video_bad", "a", FAILED, expiry_s=100, error=JobError("replica_lost", "gone"))
+    ok, bad = store.get("video_ok"), store.get("video_bad")
+    assert (ok.progress, ok.completed_at, ok.expires_at, ok.error) == (100, clock.t, clock.t + 100, None)
+    assert (bad.progress, bad.status, bad.error) == (33, FAILED, JobError("replica_lost", "gone"))
+    with pytest.raises(ValueError):
+        store.finish("video_ok", "a", IN_PROGRESS, expiry_s=1)
+
+
+def test_only_the_owner_writes_and_a_new_owner_fails_what_was_left_running(store):
+    store.insert(record("video_q", owner="old"))
+    store.insert(record("video_r", owner="old", status=IN_PROGRESS))
+    store.insert(record("video_done", owner="old", status=COMPLETED))
+    taken = store.take_over("new", JobError("server_restarted", "restarted"), expiry_s=10)
+    assert sorted(taken) == ["video_q", "video_r"]
+    for job_id in taken:
+        got = store.get(job_id)
+        assert (got.status, got.owner, got.error.code) == (FAILED, "new", "server_restarted") and got.expires_at is not None
+    assert store.get("video_done").status == COMPLETED
+    # The old owner, if it still runs, can no longer write to them.
+    assert not store.update("video_r", "old", progress=90)
+    assert not store.finish("video_r", "old", COMPLETED, expiry_s=10)
+    assert store.get("video_r").status == FAILED
+
+
+def test_pages_newest_first_with_after_and_order(store):
+    for i in range(5):
+        store.insert(record(f"video_{i}", created_at=float(i)))
+    page = store.page(2)
+    assert [r.id for r in page.data] == ["video_4", "video_3"] and page.has_more
+    page = store.page(2, after="video_3")
+    assert [r.id for r in page.data] == ["video_2", "video_1"] and page.has_more
+    page = store.page(2, after="video_1")
+    assert [r.id for r in page.data] == ["video_0"] and not page.has_more
+    assert [r.id for r in store.page(10, order="asc").data] == [f"video_{i}" for i in range(5)]
+    assert [r.id for r in store.page(2, after="video_2", order="asc").data] == ["video_3", "video_4"]
+    with pytest.raises(JobsError) as refused:
+        store.page(2, after="video_nope")
+    assert refused.value.kind == JobsError.NOT_FOUND and refused.value.param == "after"
+
+
+def test_expired_lists_finished_jobs_whose_time_is_up(store, clock):
+    store.insert(record("video_a"))
+    store.insert(record("video_b"))
+    store.insert(record("video_running"))
+    store.finish("video_a", "a", COMPLETED, expiry_s=10)
+    store.finish("video_b", "a", FAILED, expiry_s=20)
+    assert store.expired() == []
+    clock.t += 15
+    assert store.expired() == ["video_a"]
+    clock.t += 10
+    assert store.expired() == ["video_a", "video_b"]
+    assert store.delete("video_a") and not store.delete("video_a")
+    assert store.count(QUEUED) == 1
+
+
+def test_jobs_errors_keep_their_fields_through_pickling():
+    import pickle
+
+    error = pickle.loads(pickle.dumps(JobsError(JobsError.QUEUE_FULL, "full", retry_after_s=3.0, param="x")))
+    assert (error.kind, error.message, error.retry_after_s, error.param) == (JobsError.QUEUE_FULL, "full", 3.0, "x")
+
+
+# -- content -------------------------------------------------------------------------
+def test_content_store_puts_reads_and_deletes(tmp_path):
+    content = ContentStore(str(tmp_path / "videos"))
+    assert content.scratch == tmp_path / "videos" / ".partial"
+    part = content.scratch_path("video_x", ".mp4")
+    part.write_bytes(b"x" * 3_000_000)
+    assert content.put("video_x", part) == 3_000_000 and not part.exists()
+    assert content.size("video_x") == 3_000_000
+    assert b"".join(content.read("video_x")) == b"x" * 3_000_000
+    content.scratch_path("video_x", ".fmp4").write_bytes(b"partial")
+    content.delete("video_x")
+    assert content.size("video_x") is None and list(content.scratch.iterdir()) == []
+    content.delete("video_x")  # twice is fine
+
+
+def test_content_store_takes_an_fsspec_url():
+    content = ContentStore("memory://rtv-test-videos")
+    local = content.scratch_path("video_m", ".mp4")
+    local.write_bytes(b"abc")
+    content.put("video_m", local)
+    assert b"".join(content.read("video_m")) == b"abc" and content.size("video_m") == 3
+    content.delete("video_m")
+    assert content.size("video_m") is None
+
+
+# -- manager (fake runner) ---------------------------------------------------------
+def fmp4(frames: int, size: int = 32) -> bytes:
+    encoder = FragmentedMP4Encoder(size, size, 8)
+    data = encoder.encode(np.zeros((frames, size, size, 3), np.uint8)).data
+    return data + encoder.close().data
+
+
+def spec(blocks: int = 3) -> JobSpec:
+    request = SessionRequest(session_id="s", prompt="a lake", height=32, width=32, fps=8, num_blocks=blocks)
+    return JobSpec(request, model="m", seconds="1", size="32x32", num_frames=9)
+
+
+class FakeRunner:
+    """Writes a real fMP4 block by block; `gate` holds it before the first block (a job waiting for a slot)."""
+
+    def __init__(self, fail: JobFailed | None = None) -> None:
+        self.gate = asyncio.Event()
+        self.fail = fail
+        self.cancelled = 0
+
+    async def run(self, spec, out, started, block_done):
+        try:
+            await self.gate.wait()
+            started(7)
+            if self.fail:
+                raise self.fail
+            for block in range(spec.num_blocks):
+                block_done(block + 1)
+                await asyncio.sleep(0)
+            out.write_bytes(fmp4(9))
+            return RunResult(spec.num_blocks, 9)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+def manager(tmp_path, clock, runner, **settings) -> JobManager:
+    store = JobStore(tmp_path / "jobs.db", now=clock)
+    content = ContentStore(str(tmp_path / "videos"))
+    values = {"expiry_s": 100.0, "max_queued": 2, "retry_after_s": 3.0, **settings}
+    return JobManager(store, content, runner, "owner-1", JobSettings(**values), now=clock)
+
+
+def test_a_job_runs_to_a_progressive_mp4(tmp_path, clock):
+    async def go():
+        runner = FakeRunner()
+        jobs = manager(tmp_path, clock, runner)
+        created = jobs.create(spec())
+        assert created.status == QUEUED and created.id.startswith("video_")
+        with pytest.raises(JobsError) as refused:
+            await jobs.content_size(created.id)
+        assert refused.value.kind == JobsError.NOT_READY
+        runner.gate.set()
+        done = await jobs.wait(created.id, 10)
+        return jobs, done, b"".join(await jobs.read_content(done.id)), await jobs.content_size(done.id)
+
+    jobs, done, data, size = asyncio.run(go())
+    assert (done.status, done.progress, done.seed, done.expires_at) == (COMPLETED, 100, 7, clock.t + 100)
+    assert size == len(data)
+    with av.open(io.BytesIO(data)) as container:
+        assert container.format.name.startswith("mov") and sum(1 for _ in container.decode(video=0)) == 9
+    assert list(jobs.content.scratch.iterdir()) == []
+
+
+def test_queue_limit_delete_while_waiting_and_failures(tmp_path, clock):
+    async def go():
+        runner = FakeRunner()
+        jobs = manager(tmp_path, clock, runner)
+        first, second = jobs.create(spec()), jobs.create(spec())
+        with pytest.raises(JobsError) as full:
+            jobs.create(spec())
+        await asyncio.sleep(0)  # both wait in the runner for a slot
+        await jobs.delete(first.id)  # cancels it there
+        third = jobs.create(spec())  # the queue has room again
+        with pytest.raises(JobsError) as gone:
+            jobs.get(first.id)
+        runner.gate.set()
+        return jobs, full.value, gone.value, [await jobs.wait(j.id, 10) for j in (second, third)], runner
+
+    _, full, gone, finished, runner = asyncio.run(go())
+    assert full.kind == JobsError.QUEUE_FULL and full.retry_after_s == 3.0
+    assert gone.kind == JobsError.NOT_FOUND and runner.cancelled == 1
+    assert [j.status for j in finished] == [COMPLETED, COMPLETED]
+
+    async def failing():
+        runner = FakeRunner(JobFailed("replica_lost", "The generation replica was lost while rendering"))
+        runner.gate.set()
+        jobs = manager(tmp_path / "f", clock, runner)
+        return await jobs.wait(jobs.create(spec()).id, 10)
+
+    failed = asyncio.run(failing())
+    assert failed.status == FAILED and failed.error == JobError("replica_lost", "The generation replica was lost while rendering")
+
+
+def test_a_new_manager_fails_jobs_left_running_and_expiry_removes_videos(tmp_path, clock):
+    async def leave_one_running():
+        jobs = manager(tmp_path, clock, FakeRunner())
+        return jobs.create(spec()).id  # the loop ends with it still waiting: the owner "died"
+
+    left = asyncio.run(leave_one_running())
+    (tmp_path / "videos" / ".partial" / f"{left}.fmp4").write_bytes(b"half")
+
+    async def restart_and_expire():
+        runner = FakeRunner()
+        runner.gate.set()
+        jobs = JobManager(JobStore(tmp_path / "jobs.db", now=clock), ContentStore(str(tmp_path / "videos")), runner, "owner-2",
+                          JobSettings(100.0, 2, 3.0), now=clock)
+        assert jobs.recover() == [left]
+        done = await jobs.wait(jobs.create(spec()).id, 10)
+        clock.t += 101
+        return jobs, done, await jobs.remove_expired()
+
+    jobs, done, gone = asyncio.run(restart_and_expire())
+    assert sorted(gone) == sorted([left, done.id])
+    assert jobs.store.get(done.id) is None and jobs.content.size(done.id) is None
+    assert list((tmp_path / "videos" / ".partial").iterdir()) == []

@@ -1,0 +1,278 @@
+"""`/v1/videos` end to end: a real `serve.run`, driven by the official `openai` SDK (and plain HTTP for the edges)."""
+
+import io
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
+
+import av
+import openai
+import pytest
+from conftest import app_args
+from ray import serve
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # the SDK marks videos deprecated
+
+APP, PREFIX = "videos-api", "/videos-api"
+LEASE_S = 3.0
+KEY = "sk-videos-test"
+
+
+@pytest.fixture(scope="module")
+def served(serve_address, world_model_dir, tmp_path_factory):
+    from deployments.app import build_app
+
+    state = tmp_path_factory.mktemp("jobs-state")
+    config = app_args(
+        world_model_dir,
+        num_replicas=1,
+        max_sessions_per_replica=2,
+        routing_stats_period_s=0.5,
+        lease_timeout_s=LEASE_S,
+        retry_after_s=2.0,
+        jobs_db_path=str(state / "db" / "jobs.db"),
+        jobs_content_dir=str(state / "videos"),
+        max_queued_jobs=1,
+        api_keys=[KEY],
+        max_media_ahead_s=3.0,  # a viewer that reports nothing is held to real time 3 s ahead; a job is not
+    )
+    serve.run(build_app(config), name=APP, route_prefix=PREFIX)
+    base = f"http://{serve_address}{PREFIX}"
+    # The proxies learn the new route prefix a moment after serve.run returns (until then: 404).
+    assert wait_for(lambda: http("GET", base + "/healthz")[0] == 200, 30)
+    yield SimpleNamespace(base=base, state=state, model=world_model_dir.name)
+    serve.delete(APP)
+
+
+@pytest.fixture
+def client(served):
+    return openai.OpenAI(base_url=served.base + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def stats(deployment: str) -> dict:
+    return serve.get_deployment_handle(deployment, app_name=APP).stats.remote().result(timeout_s=30)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+def http(method: str, url: str, body: dict | None = None) -> tuple[int, dict, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def decode(mp4: bytes) -> tuple[list, float, list[str]]:
+    """Frames, the container's duration in seconds, and the top-level boxes in order."""
+    with av.open(io.BytesIO(mp4)) as container:
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+        duration = container.duration / av.time_base
+    boxes, offset = [], 0
+    while offset + 8 <= len(mp4):
+        size = int.from_bytes(mp4[offset:offset + 4], "big")
+        boxes.append(mp4[offset + 4:offset + 8].decode("latin-1"))
+        if size < 8:
+            break
+        offset += size
+    return frames, duration, boxes
+
+
+def status_of(client, video_id: str) -> str | None:
+    try:
+        return client.videos.retrieve(video_id).status
+    except (openai.APIConnectionError, openai.InternalServerError, openai.NotFoundError):
+        return None  # the app is restarting a deployment
+
+
+def running(client, video_id: str, min_progress: int = 1) -> bool:
+    video = client.videos.retrieve(video_id)
+    return video.status == "in_progress" and video.progress >= min_progress
+
+
+def long_job(client, seconds: str = "120"):
+    """81 blocks: still running whenever a test looks (tests delete it, or kill what runs it)."""
+    return client.videos.create(prompt="a long road", seconds=seconds, extra_body={"fps": 8})
+
+
+def test_create_and_poll_then_download_a_playable_mp4(client, served):
+    video = client.videos.create_and_poll(prompt="a lighthouse at dawn", seconds="1", size="64x64",
+                                          extra_body={"fps": 8, "seed": 3}, poll_interval_ms=200)
+    assert video.status == "completed" and video.progress == 100 and video.error is None, video
+    assert (video.object, video.model, video.seconds, video.size, video.prompt) == ("video", served.model, "1", "64x64", "a lighthouse at dawn")
+    assert video.created_at <= video.completed_at < video.expires_at
+    raw = client.videos.with_raw_response.download_content(video.id)
+    assert raw.headers["content-type"] == "video/mp4"
+    mp4 = raw.content
+    frames, duration, boxes = decode(mp4)
+    # 1 s at 8 fps rounds up to one whole block: 9 frames, 9/8 s, and moov before mdat (a player starts at once).
+    assert len(frames) == 9 and frames[0].shape == (64, 64, 3)
+    assert duration == pytest.approx(9 / 8, abs=0.01)
+    assert boxes.index("moov") < boxes.index("mdat") and "moof" not in boxes
+    assert client.videos.retrieve(video.id).model_dump() == video.model_dump()
+
+
+def test_an_action_script_steers_the_job(client):
+    def render(**extra):
+        video = client.videos.create_and_poll(prompt="a corridor", seconds="1", poll_interval_ms=200,
+                                              extra_body={"fps": 8, "num_frames": 33, "seed": 11, **extra})
+        assert video.status == "completed", video.error
+        return decode(client.videos.download_content(video.id).read())[0]
+
+    still = render()
+    # An action script like examples/actions.json (one entry per block); the SDK sends forms, so as JSON text.
+    moving = render(actions=json.dumps([[["w"], ["w"], ["w"]], [["l"], ["l"], ["l"]], [["w"], [], []]]))
+    assert len(still) == len(moving) == 33
+    assert any((a != b).any() for a, b in zip(still, moving))
+
+
+def test_list_newest_first_with_pages(client):
+    made = [client.videos.create(prompt=f"scene {i}", seconds="1", extra_body={"fps": 8, "num_frames": 9}).id for i in range(2)]
+    for video_id in made:
+        assert wait_for(lambda video_id=video_id: client.videos.retrieve(video_id).status == "completed", 60)
+    page = client.videos.list(limit=1)
+    assert [v.id for v in page.data] == [made[1]] and page.has_more
+    everything = [v.id for v in client.videos.list(limit=1)]  # the SDK follows `after` page by page
+    assert everything[:2] == [made[1], made[0]] and len(everything) == len(set(everything)) >= 3
+    oldest_first = [v.id for v in client.videos.list(limit=100, order="asc").data]
+    assert oldest_first.index(made[0]) < oldest_first.index(made[1])
+    with pytest.raises(openai.NotFoundError):
+        client.videos.list(after="video_" + "0" * 32)
+
+
+def test_delete_while_running_stops_the_session_and_frees_its_slot(client, served):
+    video = long_job(client)
+    assert video.status in ("queued", "in_progress") and video.progress == 0
+    assert wait_for(lambda: running(client, video.id), 60)  # progress moves block by block
+    assert len(stats("WorldModel")["sessions"]) == 1
+    deleted = client.videos.delete(video.id)
+    assert (deleted.id, deleted.object, deleted.deleted) == (video.id, "video.deleted", True)
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve(video.id)
+    assert wait_for(lambda: stats("WorldModel")["sessions"] == [], 10)
+    assert stats("VideoJobs")["running"] == []
+    leftovers = [p.name for p in served.state.joinpath("videos").rglob("*") if video.id in p.name]
+    assert leftovers == []
+
+
+def test_bad_input_gets_400_and_unknown_ids_404_in_openais_error_shape(client, served):
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.videos.create(prompt="x", size="65x64")
+    error = bad.value.response.json()["error"]
+    assert error == {"message": "Invalid video request: size (width 65): must be a positive multiple of 16, got 65",
+                     "type": "invalid_request_error", "param": "size", "code": "invalid_request"}
+    status, _, body = http("POST", served.base + "/v1/videos", {"prompt": "x", "promt": "typo"})
+    assert status == 400 and json.loads(body)["error"]["param"] is None and "promt: unknown field" in json.loads(body)["error"]["message"]
+    status, _, body = http("POST", served.base + "/v1/videos", {"prompt": "x", "model": "sora-2"})
+    assert status == 400 and json.loads(body)["error"]["code"] == "model_mismatch"
+    with pytest.raises(openai.BadRequestError) as no_image:
+        client.videos.create(prompt="x", input_reference=("start.png", png(), "image/png"))  # a multipart upload
+    assert no_image.value.response.json()["error"]["param"] == "input_reference"
+    assert "text-to-video and takes no start image" in no_image.value.response.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError) as bad_actions:
+        client.videos.create(prompt="x", seconds="1", extra_body={"actions": json.dumps([[["w"], ["q"], []]])})
+    assert bad_actions.value.response.json()["error"]["param"] == "actions"
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.videos.retrieve("video_" + "f" * 32)
+    assert unknown.value.response.json()["error"]["type"] == "invalid_request_error"
+    for path in ("/v1/videos/nope", "/v1/videos/nope/content"):
+        status, _, body = http("GET", served.base + path)
+        assert status == 404 and set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
+    status, _, body = http("GET", served.base + "/v1/videos?limit=0")
+    assert status == 400 and json.loads(body)["error"]["param"] == "limit"
+    stranger = openai.OpenAI(base_url=served.base + "/v1", api_key="sk-wrong", max_retries=0, timeout=60)
+    with pytest.raises(openai.AuthenticationError):  # the same API keys as every other route
+        stranger.videos.list()
+
+
+def test_jobs_wait_for_a_slot_and_a_full_queue_answers_503(client):
+    # Two slots: two jobs run, the third waits in the queue (not over_capacity), the fourth finds it full.
+    first, second = long_job(client), long_job(client)
+    assert wait_for(lambda: running(client, first.id, 0) and running(client, second.id, 0), 60)
+    third = long_job(client, seconds="1")
+    with pytest.raises(openai.InternalServerError) as full:
+        long_job(client)
+    assert full.value.status_code == 503 and full.value.response.headers["retry-after"] == "2"
+    assert full.value.response.json()["error"]["code"] == "over_capacity"
+    time.sleep(1.0)
+    assert client.videos.retrieve(third.id).status == "queued"
+    status, _, body = http("GET", f"{client.base_url}videos/{third.id}/content")
+    assert status == 409 and json.loads(body)["error"]["code"] == "video_not_ready"
+    client.videos.delete(first.id)
+    assert wait_for(lambda: client.videos.retrieve(third.id).status == "completed", 60)
+    client.videos.delete(second.id)
+    assert wait_for(lambda: stats("WorldModel")["sessions"] == [], 10)
+
+
+def test_sync_answers_with_the_mp4_faster_than_real_time(served):
+    began = time.monotonic()
+    status, headers, body = http("POST", served.base + "/v1/videos/sync", {"prompt": "a harbour", "seconds": "20", "fps": 8})
+    took = time.monotonic() - began
+    assert status == 200 and headers["content-type"] == "video/mp4"
+    frames, duration, _ = decode(body)
+    assert len(frames) == 165 and duration == pytest.approx(165 / 8, abs=0.01)
+    # The job reports what it stored, so flow control never paces it to playback (that would take 17 s or more).
+    assert took < 12, took
+    status, _, listed = http("GET", f"{served.base}/v1/videos/{headers['x-video-id']}")
+    assert status == 200 and json.loads(listed)["status"] == "completed"
+
+
+def test_a_job_survives_an_ingress_restart(client, served):
+    video = long_job(client, seconds="30")
+    assert wait_for(lambda: running(client, video.id, 0), 60)
+    _, _, health = http("GET", served.base + "/healthz")
+    os.kill(json.loads(health)["pid"], signal.SIGKILL)
+    # The job runs in VideoJobs, not in the ingress: it goes on while Serve replaces the ingress.
+    assert wait_for(lambda: status_of(client, video.id) == "completed", 90, interval=0.5)
+    frames, duration, _ = decode(client.videos.download_content(video.id).read())
+    assert len(frames) == client.videos.retrieve(video.id).num_frames and duration == pytest.approx(len(frames) / 8, abs=0.01)
+
+
+def test_jobs_left_running_by_a_dead_owner_are_marked_failed(client, served):
+    done = client.videos.create_and_poll(prompt="kept", seconds="1", extra_body={"fps": 8}, poll_interval_ms=200)
+    video = long_job(client)
+    assert wait_for(lambda: running(client, video.id), 60)
+    old = stats("VideoJobs")["pid"]
+    os.kill(old, signal.SIGKILL)
+    # Serve starts a new owner; it marks what the old one left running as failed, and keeps the rest.
+    assert wait_for(lambda: status_of(client, video.id) == "failed", 90, interval=0.5)
+    failed = client.videos.retrieve(video.id)
+    assert failed.error.code == "server_restarted" and failed.completed_at is not None
+    assert stats("VideoJobs")["pid"] != old
+    assert client.videos.retrieve(done.id).status == "completed"
+    assert len(decode(client.videos.download_content(done.id).read())[0]) == 9
+    # The orphaned session's lease lapses on the replica, which frees its slot.
+    assert wait_for(lambda: stats("WorldModel")["sessions"] == [], LEASE_S + 10)
+
+
+def test_a_job_on_a_replica_that_dies_fails_with_replica_lost(client):
+    # Last in the module: the WorldModel replica does not come back before the app is deleted.
+    video = long_job(client)
+    assert wait_for(lambda: running(client, video.id), 60)
+    os.kill(stats("WorldModel")["pid"], signal.SIGKILL)
+    assert wait_for(lambda: client.videos.retrieve(video.id).status == "failed", 30)
+    failed = client.videos.retrieve(video.id)
+    assert failed.error.code == "replica_lost" and 0 < failed.progress < 100
+
+
+def png() -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16), (0, 128, 255)).save(buffer, format="PNG")
+    return buffer.getvalue()
