@@ -13,25 +13,25 @@ import pytest
 
 @pytest.fixture(scope="session")
 def world_model_dir(tmp_path_factory):
-    from deployments.models.tiny_world_model import TinyWorldModelSpec, make_world_model
+    from deployments.models.tiny_world_model import WorldModelSpec, make_world_model
 
-    return make_world_model(tmp_path_factory.mktemp("models") / "world-model", TinyWorldModelSpec())
+    return make_world_model(tmp_path_factory.mktemp("models") / "world-model", WorldModelSpec())
 
 
 @pytest.fixture(scope="session")
 def i2v_model_dir(tmp_path_factory):
-    from deployments.models.tiny_world_model import TinyWorldModelSpec, make_world_model
+    from deployments.models.tiny_world_model import WorldModelSpec, make_world_model
 
-    spec = TinyWorldModelSpec(image_conditioned=True)
+    spec = WorldModelSpec(image_conditioned=True)
     return make_world_model(tmp_path_factory.mktemp("models") / "world-model-i2v", spec)
 
 
 @pytest.fixture(scope="session")
 def plain_model_dir(tmp_path_factory):
     """No camera adapter, and a short window so a few blocks roll it."""
-    from deployments.models.tiny_world_model import TinyWorldModelSpec, make_world_model
+    from deployments.models.tiny_world_model import WorldModelSpec, make_world_model
 
-    spec = TinyWorldModelSpec(camera_adapter=False, sliding_window_num_frames=6)
+    spec = WorldModelSpec(camera_adapter=False, sliding_window_num_frames=6)
     return make_world_model(tmp_path_factory.mktemp("models") / "world-model-plain", spec)
 
 

@@ -24,11 +24,11 @@ from clients.rollout import (
     prepare_rollout,
     run_rollout,
 )
-from deployments.models.tiny_world_model import TinyWorldModelSpec, make_world_model
+from deployments.models.tiny_world_model import WorldModelSpec, make_world_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RTV_SCRIPT = pathlib.Path(sys.executable).parent / "rtv"
-FRAMES_PER_BLOCK = TinyWorldModelSpec().num_frames_per_block  # 3
+FRAMES_PER_BLOCK = WorldModelSpec().num_frames_per_block  # 3
 
 # Three blocks of keyboard actions, one key list per latent frame; block 1 presses nothing.
 ACTIONS = [
@@ -52,12 +52,12 @@ def _rtv(*args: str, timeout: float = 110) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def t2v_model(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    return make_world_model(tmp_path_factory.mktemp("ckpt") / "world-model", TinyWorldModelSpec(), seed=0)
+    return make_world_model(tmp_path_factory.mktemp("ckpt") / "world-model", WorldModelSpec(), seed=0)
 
 
 @pytest.fixture(scope="module")
 def i2v_model(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    return make_world_model(tmp_path_factory.mktemp("ckpt") / "world-model-i2v", TinyWorldModelSpec(image_conditioned=True), seed=0)
+    return make_world_model(tmp_path_factory.mktemp("ckpt") / "world-model-i2v", WorldModelSpec(image_conditioned=True), seed=0)
 
 
 @pytest.fixture(scope="module")

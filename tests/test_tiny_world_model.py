@@ -2,7 +2,7 @@ import hashlib
 
 import pytest
 
-from deployments.models.tiny_world_model import TinyWorldModelSpec, make_world_model
+from deployments.models.tiny_world_model import WorldModelSpec, make_world_model
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,7 +40,7 @@ def test_layout_size_and_determinism(tmp_path):
 def test_image_conditioned_variant_has_the_extra_channels(tmp_path):
     import json
 
-    root = make_world_model(tmp_path / "i2v", TinyWorldModelSpec(image_conditioned=True))
+    root = make_world_model(tmp_path / "i2v", WorldModelSpec(image_conditioned=True))
     config = json.loads((root / "transformer" / "config.json").read_text())
     assert config["in_channels"] == 16 + 4 + 16
     assert json.loads((root / "model_index.json").read_text())["_class_name"] == "WanImageToVideoPipeline"

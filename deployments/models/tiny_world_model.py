@@ -26,8 +26,12 @@ it makes noise-like video. Point the server at a real causal Wan checkpoint
 
 
 @dataclass(frozen=True)
-class TinyWorldModelSpec:
-    """Sizes of the tiny model; AR keys are the ones a real causal checkpoint carries."""
+class WorldModelSpec:
+    """Sizes of a causal Wan world model; the defaults are the tiny built-in one's.
+
+    AR keys are the ones a real causal checkpoint carries. `deployments/models/wan_1_3b.py` holds
+    Wan2.1-T2V-1.3B's sizes for GPU benchmarks, built by the same function.
+    """
 
     image_conditioned: bool = False
     camera_adapter: bool = True
@@ -37,13 +41,45 @@ class TinyWorldModelSpec:
     num_layers: int = 2
     num_attention_heads: int = 2
     attention_head_dim: int = 12
+    ffn_dim: int = 32
+    freq_dim: int = 32
     text_dim: int = 32
+    text_layers: int = 2
+    text_heads: int = 4
+    text_d_kv: int = 8
+    text_d_ff: int = 64
     flow_shift: float = 5.0
+    denoising_step_list: tuple[float, ...] | None = None  # a distilled model's few timesteps, in its scheduler config
     vae_base_dim: int = 3
+    vae_dim_mult: tuple[int, ...] = (1, 1, 1, 1)
+    vae_num_res_blocks: int = 1
+
+    @property
+    def inner_dim(self) -> int:
+        return self.num_attention_heads * self.attention_head_dim
 
 
-def make_world_model(out_dir: str | os.PathLike, spec: TinyWorldModelSpec = TinyWorldModelSpec(), seed: int = 0) -> Path:
+def make_world_model(out_dir: str | os.PathLike, spec: WorldModelSpec = WorldModelSpec(), seed: int = 0) -> Path:
     """Write a tiny causal world model to `out_dir`, deterministically from `seed`."""
+    build_world_model(out_dir, spec, seed=seed)
+    return Path(out_dir)
+
+
+def build_world_model(
+    out_dir: str | os.PathLike,
+    spec: WorldModelSpec,
+    *,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    readme: str = README,
+) -> dict[str, int]:
+    """Write the checkpoint; returns each component's parameter count.
+
+    Weights are made on `device` (a GPU makes a billion random weights in well under a second) and
+    saved in `dtype`, except the VAE, saved in float32 as Wan ships it, and the modules diffusers
+    keeps in float32.
+    """
     from diffusers import (
         AutoencoderKLWan,
         FlowMatchEulerDiscreteScheduler,
@@ -61,59 +97,82 @@ def make_world_model(out_dir: str | os.PathLike, spec: TinyWorldModelSpec = Tiny
 
     build_byte_tokenizer(out / "tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer")
-    text_encoder = UMT5EncoderModel(
-        UMT5Config(
-            vocab_size=vocab_size(),
-            d_model=spec.text_dim,
-            d_kv=8,
-            d_ff=64,
-            num_layers=2,
-            num_heads=4,
-            relative_attention_num_buckets=32,
-            relative_attention_max_distance=128,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.pad_token_id,
-        )
-    ).eval()
     z_dim = 16
-    inner_dim = spec.num_attention_heads * spec.attention_head_dim
-    transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=spec.num_attention_heads,
-        attention_head_dim=spec.attention_head_dim,
-        in_channels=z_dim + (4 + z_dim if spec.image_conditioned else 0),
-        out_channels=z_dim,
-        text_dim=spec.text_dim,
-        freq_dim=32,
-        ffn_dim=32,
-        num_layers=spec.num_layers,
-        cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads",
-        rope_max_seq_len=1024,
-    ).eval()
-    transformer.register_to_config(
-        num_frames_per_block=spec.num_frames_per_block,
-        sink_size=spec.sink_size,
-        sliding_window_num_frames=spec.sliding_window_num_frames,
-    )
-    vae = AutoencoderKLWan(
-        base_dim=spec.vae_base_dim,
-        z_dim=z_dim,
-        dim_mult=[1, 1, 1, 1],
-        num_res_blocks=1,
-        temperal_downsample=[False, True, True],
-    ).eval()
+    with torch.device(device):
+        text_encoder = UMT5EncoderModel(
+            UMT5Config(
+                vocab_size=vocab_size(),
+                d_model=spec.text_dim,
+                d_kv=spec.text_d_kv,
+                d_ff=spec.text_d_ff,
+                num_layers=spec.text_layers,
+                num_heads=spec.text_heads,
+                relative_attention_num_buckets=32,
+                relative_attention_max_distance=128,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                decoder_start_token_id=tokenizer.pad_token_id,
+            )
+        ).eval()
+        transformer = WanTransformer3DModel(
+            patch_size=(1, 2, 2),
+            num_attention_heads=spec.num_attention_heads,
+            attention_head_dim=spec.attention_head_dim,
+            in_channels=z_dim + (4 + z_dim if spec.image_conditioned else 0),
+            out_channels=z_dim,
+            text_dim=spec.text_dim,
+            freq_dim=spec.freq_dim,
+            ffn_dim=spec.ffn_dim,
+            num_layers=spec.num_layers,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            rope_max_seq_len=1024,
+        ).eval()
+        transformer.register_to_config(
+            num_frames_per_block=spec.num_frames_per_block,
+            sink_size=spec.sink_size,
+            sliding_window_num_frames=spec.sliding_window_num_frames,
+        )
+        vae = AutoencoderKLWan(
+            base_dim=spec.vae_base_dim,
+            z_dim=z_dim,
+            dim_mult=list(spec.vae_dim_mult),
+            num_res_blocks=spec.vae_num_res_blocks,
+            temperal_downsample=[False, True, True],
+        ).eval()
+    counts = {"transformer": _parameters(transformer), "vae": _parameters(vae), "text_encoder": _parameters(text_encoder)}
+    _cast(transformer, dtype)
+    _cast(text_encoder, dtype)
     scheduler = FlowMatchEulerDiscreteScheduler(shift=spec.flow_shift)
+    if spec.denoising_step_list is not None:
+        scheduler.register_to_config(denoising_step_list=list(spec.denoising_step_list))
     pipeline_cls = WanImageToVideoPipeline if spec.image_conditioned else WanPipeline
     pipeline = pipeline_cls(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae, scheduler=scheduler)
     pipeline.save_pretrained(out, safe_serialization=True)
 
+    counts["camera_adapter"] = 0
     if spec.camera_adapter:
-        adapter = CameraAdapter(inner_dim=inner_dim, spatial_factor=vae.config.scale_factor_spatial, patch_size=(1, 2, 2))
+        with torch.device(device):
+            adapter = CameraAdapter(inner_dim=spec.inner_dim, spatial_factor=vae.config.scale_factor_spatial, patch_size=(1, 2, 2))
+        counts["camera_adapter"] = _parameters(adapter)
+        _cast(adapter, dtype)
         adapter.save_pretrained(out / "camera_adapter", safe_serialization=True)
-    (out / "README.md").write_text(README)
-    return out
+    (out / "README.md").write_text(readme)
+    return counts
+
+
+def _parameters(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _cast(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast floating weights to `dtype`, leaving the modules the class keeps in float32 (as a real release does)."""
+    if dtype == torch.float32:
+        return
+    keep = getattr(module, "_keep_in_fp32_modules", None) or []
+    for name, param in module.named_parameters():
+        if param.is_floating_point() and not any(part in keep for part in name.split(".")):
+            param.data = param.data.to(dtype)
 
 
 def make_models(out_dir: str | os.PathLike, seed: int = 0) -> dict[str, Path]:
@@ -122,7 +181,7 @@ def make_models(out_dir: str | os.PathLike, seed: int = 0) -> dict[str, Path]:
 
     out = Path(out_dir)
     return {
-        "world-model": make_world_model(out / "world-model", TinyWorldModelSpec(), seed=seed),
-        "world-model-i2v": make_world_model(out / "world-model-i2v", TinyWorldModelSpec(image_conditioned=True), seed=seed),
+        "world-model": make_world_model(out / "world-model", WorldModelSpec(), seed=seed),
+        "world-model-i2v": make_world_model(out / "world-model-i2v", WorldModelSpec(image_conditioned=True), seed=seed),
         "omni": make_tiny_vlm(out / "omni", seed=seed),
     }
