@@ -126,6 +126,24 @@ def deployed(name: str, prefix: str, args: dict):
         serve.delete(name)
 
 
+def wait_for(predicate, timeout: float, interval: float = 0.2):
+    """Poll `predicate` until it returns something truthy or `timeout` passes; its last value."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+def chat_app_args(model_dir, omni_dir, **overrides) -> dict:
+    """`app_args` with the tiny understanding model, answering in a few tokens."""
+    return app_args(model_dir, understanding_model=str(omni_dir), chat_min_new_tokens=2, chat_max_new_tokens=4, **overrides)
+
+
 def app_args(model_dir, **overrides) -> dict:
     """`build_app` arguments for a test app: CPU only, no understanding model unless asked, nothing built on the fly."""
     return {

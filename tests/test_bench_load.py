@@ -7,7 +7,7 @@ for a few seconds must finish sessions and answers with no protocol errors, and 
 import asyncio
 
 import pytest
-from conftest import app_args, deployed
+from conftest import chat_app_args, deployed
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -16,7 +16,9 @@ APP, PREFIX = "load", "/load"
 
 @pytest.fixture(scope="module")
 def address(serve_address, world_model_dir, omni_dir):
-    with deployed(APP, PREFIX, app_args(world_model_dir, understanding_model=str(omni_dir), chat_min_new_tokens=2, chat_max_new_tokens=4)):
+    with deployed(APP, PREFIX, chat_app_args(
+        world_model_dir,
+        omni_dir,)):
         yield serve_address
 
 

@@ -9,7 +9,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import app_args
+from conftest import app_args, wait_for
 from ray import serve
 from wsclient import run_to_end, send, start, until
 
@@ -39,16 +39,6 @@ def run(coro):
 def world_stats(app: str = APP) -> dict:
     handle = serve.get_deployment_handle("WorldModel", app_name=app)
     return handle.stats.remote().result(timeout_s=30)
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
 
 
 def test_interaction_the_model_cannot_take_fails_and_its_id_can_be_reused(address):

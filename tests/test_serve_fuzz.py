@@ -22,7 +22,7 @@ import urllib.request
 import pytest
 import websockets
 from chatclient import jpeg
-from conftest import app_args, deployed
+from conftest import chat_app_args, deployed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -51,11 +51,9 @@ CLOSE_CODES = {1000, 1008, 1009, 1011, 1013}
 
 @pytest.fixture(scope="module")
 def address(serve_address, world_model_dir, omni_dir):
-    config = app_args(
+    config = chat_app_args(
         world_model_dir,
-        understanding_model=str(omni_dir),
-        chat_min_new_tokens=2,
-        chat_max_new_tokens=4,
+        omni_dir,
         max_sessions_per_replica=8,
         start_timeout_s=2.0,
         chat_config_timeout_s=2.0,

@@ -15,7 +15,7 @@ import time
 import pytest
 import websockets
 from chatclient import jpeg
-from conftest import app_args, deployed
+from conftest import chat_app_args, deployed
 from wsclient import Transcript, receive
 
 pytestmark = pytest.mark.timeout(900)
@@ -31,11 +31,9 @@ POINTS = ("before_start", "before_accept", "mid_block", "mid_interaction", "duri
 
 @pytest.fixture(scope="module")
 def address(serve_address, world_model_dir, omni_dir):
-    config = app_args(
+    config = chat_app_args(
         world_model_dir,
-        understanding_model=str(omni_dir),
-        chat_min_new_tokens=2,
-        chat_max_new_tokens=4,
+        omni_dir,
         max_sessions_per_replica=8,
         api_keys=["leak-key"],
         max_sessions_per_key=64,

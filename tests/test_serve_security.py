@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 import websockets
 from chatclient import jpeg, open_chat
-from conftest import app_args, deployed
+from conftest import chat_app_args, deployed
 from wsclient import Transcript, receive, run_to_end, until
 
 pytestmark = pytest.mark.timeout(240)
@@ -26,11 +26,9 @@ AHEAD_S = 1.0
 
 @pytest.fixture(scope="module")
 def address(serve_address, world_model_dir, omni_dir):
-    config = app_args(
+    config = chat_app_args(
         world_model_dir,
-        understanding_model=str(omni_dir),
-        chat_min_new_tokens=2,
-        chat_max_new_tokens=4,
+        omni_dir,
         api_keys=[KEY],
         max_sessions_per_key=2,
         allowed_origins=["https://ok.example"],

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import av
 import openai
 import pytest
-from conftest import app_args
+from conftest import app_args, wait_for
 from ray import serve
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # the SDK marks videos deprecated
@@ -55,16 +55,6 @@ def client(served):
 
 def stats(deployment: str) -> dict:
     return serve.get_deployment_handle(deployment, app_name=APP).stats.remote().result(timeout_s=30)
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
 
 
 def http(method: str, url: str, body: dict | None = None) -> tuple[int, dict, bytes]:

@@ -6,7 +6,7 @@ through a `SessionRunner`, remuxes the finished stream to a progressive MP4
 and puts it in the content store. When it starts, jobs an earlier owner left
 queued or in progress are marked failed, not re-run: their callers asked for
 one render and may already have given up, and the request (its start image)
-is not kept. Pure asyncio: tests drive it with a fake runner.
+is not kept. Pure asyncio, no Ray: the runner it is given does the serving.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class JobManager:
         self,
         store: JobStore,
         content: ContentStore,
-        runner,  # SessionRunner, or a fake with the same `run`
+        runner,  # a SessionRunner (anything with its `run`)
         owner: str,
         settings: JobSettings,
         now: Callable[[], float] = time.time,
