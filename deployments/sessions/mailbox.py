@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,14 +31,28 @@ class Delivery:
     lease_expired: bool
 
 
+# Session ids are unique, so a closed id only has to be remembered while a late `open` for it may
+# still be on its way; this many is far more than the sessions a replica ends in that time.
+CLOSED_IDS_KEPT = 4096
+
+
 class Mailbox:
     """Plain class so it can be tested without Ray; `MailboxActor` is the deployed form."""
 
     def __init__(self) -> None:
         self._boxes: dict[str, _Box] = {}
+        self._closed: OrderedDict[str, None] = OrderedDict()
 
-    def open(self, session_id: str, lease_s: float) -> None:
+    def open(self, session_id: str, lease_s: float) -> bool:
+        """False when the session was already closed.
+
+        Ray does not keep the order of calls to an async actor: a session cancelled right after it
+        opened may have its `close` run first, and its `open` must not then leave a box behind.
+        """
+        if session_id in self._closed:
+            return False
         self._boxes[session_id] = _Box(lease_s)
+        return True
 
     def post(self, session_id: str, message: Any) -> bool:
         """False when the session is gone (ended, or never here)."""
@@ -75,6 +90,9 @@ class Mailbox:
         return self.take(session_id)
 
     def close(self, session_id: str) -> None:
+        self._closed[session_id] = None
+        while len(self._closed) > CLOSED_IDS_KEPT:
+            self._closed.popitem(last=False)
         box = self._boxes.pop(session_id, None)
         if box is not None:
             box.arrived.set()  # wake a waiter: its session is gone

@@ -1,0 +1,51 @@
+"""The replica's mailbox: messages per session, leases, and no box outliving its session."""
+
+import asyncio
+
+from deployments.sessions.mailbox import CLOSED_IDS_KEPT, Mailbox
+
+
+def test_posts_arrive_in_order_and_a_closed_session_takes_no_more():
+    box = Mailbox()
+    assert box.open("a", lease_s=10.0)
+    assert box.post("a", 1) and box.post("a", 2)
+    delivery = box.take("a")
+    assert delivery.messages == [1, 2] and not delivery.lease_expired
+    box.close("a")
+    assert not box.post("a", 3)
+    assert box.take("a").lease_expired
+    assert box.sessions() == []
+
+
+def test_an_open_that_arrives_after_its_close_leaves_nothing():
+    # Ray may run a cancelled session's close before its open; the open must not recreate the box.
+    box = Mailbox()
+    box.close("late")
+    assert not box.open("late", lease_s=10.0)
+    assert box.sessions() == []
+    assert not box.post("late", "stop")
+
+
+def test_closed_ids_are_remembered_within_a_bound():
+    box = Mailbox()
+    for i in range(CLOSED_IDS_KEPT + 10):
+        box.close(f"s{i}")
+    assert len(box._closed) == CLOSED_IDS_KEPT
+    assert not box.open(f"s{CLOSED_IDS_KEPT + 9}", lease_s=1.0)
+    assert box.open("s0", lease_s=1.0)  # long forgotten; ids are never reused in practice
+
+
+def test_a_lease_expires_without_renewal_and_wait_take_wakes_on_a_post():
+    async def go():
+        box = Mailbox()
+        box.open("s", lease_s=0.05)
+        waiter = asyncio.ensure_future(box.wait_take("s", timeout=5.0))
+        await asyncio.sleep(0.01)
+        box.post("s", "hello")
+        delivery = await asyncio.wait_for(waiter, 1.0)
+        assert delivery.messages == ["hello"]
+        await asyncio.sleep(0.1)
+        assert box.take("s").lease_expired
+        assert box.renew("s") and not box.take("s").lease_expired
+
+    asyncio.run(go())
