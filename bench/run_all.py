@@ -30,7 +30,7 @@ BENCHES: dict[str, tuple[int, list[str]]] = {
     "pipelining": (240, ["--size", "64x64", "--blocks", "4", "--rounds", "1", "--steps", "2"]),
     "batching": (300, ["--ks", "1,2", "--blocks", "2", "--rounds", "1"]),
     "media": (120, ["--encode-sizes", "64x64", "--encode-frames", "12", "--filter-sizes", "128x96", "--filter-frames", "4", "--rounds", "2"]),
-    "understanding": (180, ["--frames", "2,4", "--rounds", "1"]),
+    "understanding": (180, ["--frames", "4,8", "--rounds", "1"]),
     "load": (300, ["--gen", "2", "--chat", "2", "--seconds", "8", "--warmup", "3"]),
 }
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: `python -m bench.NAME` runs from here

@@ -62,6 +62,12 @@ class AppConfig(BaseModel):
     chat_min_new_tokens: PositiveInt | None = None
     chat_frame_max_side: PositiveInt = 448  # frames are kept no larger than this (the model resizes anyway)
     chat_config_timeout_s: PositiveFloat = 10.0
+    # Sessions whose questions see every retained frame (num_sample_frames >= max_frames) keep their video
+    # prefilled in the model's cache as frames arrive (Qwen2.5-Omni thinkers), so a question pays only for
+    # its own text. The context starts over at the ring's oldest frame once it reaches this many frames
+    # further back than the ring.
+    chat_live_context: bool = True
+    chat_context_rebuild_frames: PositiveInt = 8
     chat_idle_timeout_s: PositiveFloat = 60.0
 
     # Session life.

@@ -108,16 +108,19 @@ def test_media(models_root):
 
 
 def test_understanding(models_root):
-    r = run(understanding, models_root, "--frames", "2,4", "--rounds", "1", "--size", "64x48")["results"]
-    assert set(r["by_frames"]) == {"2", "4"}
-    assert r["by_frames"]["4"]["prompt_tokens"] > r["by_frames"]["2"]["prompt_tokens"]
-    assert r["ttft_4_over_2"] is not None
+    r = run(understanding, models_root, "--frames", "4,8", "--rounds", "1", "--size", "64x48")["results"]
+    assert set(r["reread_by_frames"]) == set(r["live_by_frames"]) == {"4", "8"}
+    assert r["reread_by_frames"]["8"]["prompt_tokens"] > r["reread_by_frames"]["4"]["prompt_tokens"]
+    # The live session prefilled its pairs as the frames came, and the question saw all of them.
+    assert [r["live_by_frames"][n]["frames_seen"] for n in ("4", "8")] == [4, 8]
+    assert r["live_by_frames"]["8"]["prefill_per_pair_ms"] > 0
+    assert r["ttft_8_over_4"] is not None and r["reread_ttft_8_over_4"] is not None
 
 
 def test_run_all_records_a_failure_and_goes_on(models_root, tmp_path, monkeypatch):
     # An odd frame size is refused by the encoder: that benchmark fails, the next one still runs.
     monkeypatch.setitem(run_all.BENCHES, "media", (60, ["--encode-sizes", "63x63"]))
-    monkeypatch.setitem(run_all.BENCHES, "understanding", (120, ["--frames", "2", "--rounds", "1", "--size", "64x48"]))
+    monkeypatch.setitem(run_all.BENCHES, "understanding", (120, ["--frames", "4", "--rounds", "1", "--size", "64x48"]))
     out = tmp_path / "all.json"
     assert run_all.main(["--only", "media,understanding", "--quick", "--models", str(models_root), "--out", str(out)]) == 0
     report = json.loads(out.read_text())

@@ -133,6 +133,50 @@ def test_frames_keep_arriving_during_an_answer_and_a_new_query_replaces_the_old(
     assert done[1][0]["frames"] == 4
 
 
+def test_a_live_session_answers_over_video_prefilled_before_the_question(address, omni_dir):
+    """Questions that see every frame: the replica prefills the video as it arrives; same answer as a re-read."""
+    from ray import serve
+
+    from deployments.media.frames import decode_image
+    from deployments.understanding.engine import UnderstandingEngine
+
+    async def contexts():
+        return (await serve.get_deployment_handle("Understanding", app_name=APP).stats.remote())["contexts"]
+
+    async def go():
+        chat = await open_chat(address, max_frames=8, num_sample_frames=8, evs_enabled=False)
+        async with chat.ws:
+            await frames(chat, 12)
+            await chat.until(lambda m: m["type"] == "video.frame.ack" and m["frame_id"] == "f11")
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                [state] = (await contexts()).values()
+                if state["context_first_frame"] is not None and state["context_first_frame"] + state["context_frames"] == 12:
+                    break
+                await asyncio.sleep(0.1)
+            await chat.send({"type": "video.query", "text": "What moves?"})
+            await chat.until(lambda m: m["type"] == "response.text.done")
+            await chat.send({"type": "video.done"})
+            await chat.to_end()
+        return chat, state, await contexts()
+
+    chat, state, after = run(go())
+    assert not chat.of("error")
+    # Every frame up to the newest prefilled before the question. The context is a clip from a pair
+    # boundary at or before the ring's oldest frame (frames 4-11 when they all came before the first
+    # prefill step, frames 0-11 when prefill kept up: under chat_context_rebuild_frames, 8, further back).
+    first = state["context_first_frame"]
+    assert state["frames"] == 8 and state["live"] and not state["rebuilding"] and state["context_bytes"] > 0
+    assert first in range(0, 5, 2)
+    [(start, deltas, done)] = answers(chat)
+    assert start["frames"] == 12 - first
+    engine = UnderstandingEngine.from_pretrained(omni_dir)
+    images = [decode_image(base64.b64decode(chatclient.jpeg(i)), 448) for i in range(first, 12)]
+    expected = engine.answer(images, None, "What moves?", fps=2.0, max_new_tokens=24, min_new_tokens=8)
+    assert done["text"] == expected and "".join(deltas) == expected
+    assert after == {}  # the session's cache went with it
+
+
 # -- bad input --------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "config, text",

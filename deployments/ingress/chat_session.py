@@ -1,8 +1,10 @@
 """One `/v1/video/chat/stream` connection, from `session.config` to `session.done`.
 
 The reader decodes frames (off the event loop), filters near-duplicates (EVS),
-keeps the retained ones in a ring and buffers audio; a question takes a sample
-of the ring and the audio to the session's Understanding replica. The pump
+keeps the retained ones in a ring (their numbers; the images go on to the
+session's Understanding replica as they arrive, which keeps the same ring) and
+buffers audio; a question takes the numbers of a sample of the ring and the
+audio to the replica. The pump
 turns the replica's answer stream into `response.*` messages; the watchdog
 keeps the idle clock and renews the replica's lease. Frames keep arriving while
 an answer streams; a newer question replaces a running one on the replica.
@@ -28,6 +30,7 @@ from deployments.media.frames import (
     FrameError,
     FrameFilter,
     decode_image,
+    frame_rate,
     frame_thumbnail,
 )
 from deployments.protocol import chat, errors
@@ -37,18 +40,17 @@ from deployments.understanding.messages import (
     ChatEnded,
     ChatRequest,
     EndChat,
+    FrameIn,
     Query,
     QueryFinished,
     QueryStarted,
     TextDelta,
 )
 
-DEFAULT_QUERY_FPS = 2.0  # when frames carry no timestamps
-
 
 @dataclass(frozen=True)
 class _Frame:
-    image: np.ndarray
+    seq: int  # retained frames are numbered in order; the replica keeps the same ring by these numbers
     frame_id: str | int | None
     pts_ms: float | None
 
@@ -77,6 +79,7 @@ class ChatSession(WebSocketSession):
         self._audio = AudioBuffer()
         self._audio_warned = False  # audio_buffer_full is said once between queries
         self._frame_rate = TokenBucket(config.max_frames_per_second_in)
+        self._retained = 0  # the next retained frame's number
 
     async def serve(self) -> None:
         try:
@@ -90,7 +93,13 @@ class ChatSession(WebSocketSession):
         except ProtocolError as exc:
             await self.fail(exc)
             return
-        request = ChatRequest(session_id=uuid.uuid4().hex, system_prompt=settings.system_prompt)
+        request = ChatRequest(
+            session_id=uuid.uuid4().hex,
+            system_prompt=settings.system_prompt,
+            max_frames=settings.max_frames,
+            # Questions that see every retained frame can have them prefilled as they arrive.
+            live_context=settings.num_sample_frames >= settings.max_frames,
+        )
         first = await self.open_stream(self.understanding, "run_chat", request, ChatAccepted, self.config.retry_after_s)
         if not isinstance(first, ChatAccepted):
             await self.fail(self.refusal_error(first, self.config.retry_after_s, ""))
@@ -144,12 +153,16 @@ class ChatSession(WebSocketSession):
                 await self.send_json(chat.frame_ack(message.frame_id, False, len(self._frames), chat.ACK_RATE_LIMITED, pts_ms=message.pts_ms))
             return
         try:
-            kept, evicted = await asyncio.to_thread(self._filter_and_keep, message)
+            kept, evicted, image = await asyncio.to_thread(self._filter_and_keep, message)
         except FrameError as exc:
             await self.fail(chat.invalid_image(str(exc), message.frame_id))
             if message.frame_id not in (None, ""):
                 await self.send_json(chat.frame_ack(message.frame_id, False, len(self._frames), chat.ACK_INVALID_IMAGE, pts_ms=message.pts_ms))
             return
+        if kept:
+            # Awaited before the next message is read: the replica gets frames and questions in order.
+            frame = self._frames.newest()
+            await self._accepted.mailbox.post.remote(self._accepted.session_id, FrameIn(frame.seq, image, frame.pts_ms))
         if message.frame_id not in (None, ""):
             await self.send_json(
                 chat.frame_ack(
@@ -162,16 +175,17 @@ class ChatSession(WebSocketSession):
                 )
             )
 
-    def _filter_and_keep(self, message: chat.FrameMessage) -> tuple[bool, _Frame | None]:
+    def _filter_and_keep(self, message: chat.FrameMessage) -> tuple[bool, _Frame | None, np.ndarray | None]:
         """Thumbnail first: a dropped near-duplicate never pays for the full decode."""
         thumbnail = frame_thumbnail(message.data)
         kept = self._filter.check(thumbnail)
         if self.metrics is not None:
             self.metrics.evs(kept)
         if not kept:
-            return False, None
+            return False, None, None
         image = decode_image(message.data, self.config.chat_frame_max_side)
-        return True, self._frames.append(_Frame(image, message.frame_id, message.pts_ms))
+        seq, self._retained = self._retained, self._retained + 1
+        return True, self._frames.append(_Frame(seq, message.frame_id, message.pts_ms)), image
 
     def _query(self, text: str) -> Query:
         sampled = self._frames.sample(self._settings.num_sample_frames)
@@ -179,8 +193,8 @@ class ChatSession(WebSocketSession):
         return Query(
             query_id=chat.new_response_id(),
             text=text,
-            frames=tuple(f.image for f in sampled),
-            fps=_sampled_fps(sampled),
+            frame_seqs=tuple(f.seq for f in sampled),
+            fps=frame_rate([f.pts_ms for f in sampled]),
             audio=audio if self.model_info["takes_audio"] and audio.size else None,
         )
 
@@ -213,11 +227,3 @@ class ChatSession(WebSocketSession):
             if time.monotonic() - self._last_message > self.config.chat_idle_timeout_s:
                 raise SessionFault(chat.idle_timeout())
 
-
-def _sampled_fps(frames: list[_Frame]) -> float:
-    """The rate the sampled frames span, from their timestamps when the client sent them."""
-    if len(frames) > 1 and frames[0].pts_ms is not None and frames[-1].pts_ms is not None:
-        span = (frames[-1].pts_ms - frames[0].pts_ms) / 1000.0
-        if span > 0:
-            return (len(frames) - 1) / span
-    return DEFAULT_QUERY_FPS

@@ -398,6 +398,18 @@ def sample_indices(n: int, k: int) -> list[int]:
 T = TypeVar("T")
 
 
+DEFAULT_FRAME_RATE = 2.0  # frames per second, when frames carry no timestamps
+
+
+def frame_rate(pts_ms: list[float | None], default: float = DEFAULT_FRAME_RATE) -> float:
+    """The rate frames span, from the first and last timestamps (milliseconds) when both are known."""
+    if len(pts_ms) > 1 and pts_ms[0] is not None and pts_ms[-1] is not None:
+        span = (pts_ms[-1] - pts_ms[0]) / 1000.0
+        if span > 0:
+            return (len(pts_ms) - 1) / span
+    return default
+
+
 class FrameBuffer(Generic[T]):
     """Ring of the last `max_frames` retained frames, oldest out. Holds whatever the caller stores per frame."""
 

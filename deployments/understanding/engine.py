@@ -50,7 +50,7 @@ import json
 import math
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -268,7 +268,8 @@ class UnderstandingEngine:
         )
 
     # ---------------------------------------------------------------- inputs
-    def _check_frames(self, frames: list[np.ndarray]) -> list[np.ndarray]:
+    def check_frames(self, frames: list[np.ndarray], size: tuple[int, int] | None = None) -> list[np.ndarray]:
+        """Valid uint8 RGB frames, all resized to `size` (height, width), by default the first frame's."""
         if isinstance(frames, np.ndarray) and frames.ndim == 4:
             frames = list(frames)
         if not isinstance(frames, (list, tuple)) or len(frames) == 0:
@@ -285,7 +286,7 @@ class UnderstandingEngine:
             if frame.shape[0] < 1 or frame.shape[1] < 1:
                 raise ValueError(f"frame {i} is empty: {frame.shape}")
             out.append(frame)
-        height, width = out[0].shape[:2]
+        height, width = size or out[0].shape[:2]
         if any(f.shape[:2] != (height, width) for f in out):
             from PIL import Image
 
@@ -297,7 +298,7 @@ class UnderstandingEngine:
             ]
         return out
 
-    def _check_audio(self, audio: np.ndarray | None) -> np.ndarray | None:
+    def check_audio(self, audio: np.ndarray | None) -> np.ndarray | None:
         """The audio to put in the prompt, or None (none given, empty, or not taken)."""
         if audio is None or not self.takes_audio:
             return None
@@ -318,6 +319,42 @@ class UnderstandingEngine:
             raise ValueError("audio contains NaN or infinite samples")
         return audio
 
+    def check_question(self, text: str, system_prompt: str | None, fps: float) -> None:
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("text must be a non-empty string")
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise ValueError("system_prompt must be a string or None")
+        if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not math.isfinite(fps) or fps <= 0:
+            raise ValueError(f"fps must be a positive number, got {fps!r}")
+
+    def prompt_text(self, visual: str, with_audio: bool, text: str, system_prompt: str | None) -> str:
+        """The chat-templated prompt of one query: one image or video, the audio, then the question."""
+        content: list[dict[str, Any]] = [{"type": visual}]
+        if with_audio:
+            content.append({"type": "audio"})
+        content.append({"type": "text", "text": text})
+        messages: list[dict[str, Any]] = []
+        if system_prompt:
+            messages.append({"role": "system", "content": [{"type": "text", "text": system_prompt}]})
+        messages.append({"role": "user", "content": content})
+        return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def to_model(self, inputs: BatchFeature) -> BatchFeature:
+        """Inputs on the engine's device, floating tensors in its dtype."""
+        inputs.pop("num_audio_tokens", None)  # bookkeeping some processors add; the model does not take it
+        return inputs.to(self.device, dtype=self.dtype) if self.dtype.is_floating_point else inputs.to(self.device)
+
+    def video_pixels(self, frames: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The video processor's patches and grid for frames of one size (as `build_inputs` makes them)."""
+        out = self.processor.video_processor(
+            videos=[np.stack(frames)], size=dict(self._video_size), do_sample_frames=False, return_tensors="pt"
+        )
+        return out["pixel_values_videos"], out["video_grid_thw"]
+
+    def exclusive(self) -> threading.Lock:
+        """The engine to oneself (`with engine.exclusive():`): model calls outside `generate` take it."""
+        return self._lock
+
     def build_inputs(
         self,
         frames: list[np.ndarray],
@@ -335,25 +372,12 @@ class UnderstandingEngine:
         system_prompt: a system message; None keeps the template's default.
         fps: the rate of the given frames, for the model's time positions.
         """
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError("text must be a non-empty string")
-        if system_prompt is not None and not isinstance(system_prompt, str):
-            raise ValueError("system_prompt must be a string or None")
-        if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not math.isfinite(fps) or fps <= 0:
-            raise ValueError(f"fps must be a positive number, got {fps!r}")
-        frames = self._check_frames(frames)
-        audio = self._check_audio(audio)
+        self.check_question(text, system_prompt, fps)
+        frames = self.check_frames(frames)
+        audio = self.check_audio(audio)
 
         as_image = len(frames) == 1
-        content: list[dict[str, Any]] = [{"type": "image"} if as_image else {"type": "video"}]
-        if audio is not None:
-            content.append({"type": "audio"})
-        content.append({"type": "text", "text": text})
-        messages: list[dict[str, Any]] = []
-        if system_prompt:
-            messages.append({"role": "system", "content": [{"type": "text", "text": system_prompt}]})
-        messages.append({"role": "user", "content": content})
-        prompt = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt = self.prompt_text("image" if as_image else "video", audio is not None, text, system_prompt)
 
         kwargs: dict[str, Any] = {"text": [prompt], "padding": True, "return_tensors": "pt"}
         if as_image:
@@ -369,10 +393,7 @@ class UnderstandingEngine:
             }
         if audio is not None:
             kwargs["audio"] = [audio]
-        inputs = self.processor(**kwargs)
-        # Bookkeeping keys some processors add; generate() does not take them.
-        inputs.pop("num_audio_tokens", None)
-        return inputs.to(self.device, dtype=self.dtype) if self.dtype.is_floating_point else inputs.to(self.device)
+        return self.to_model(self.processor(**kwargs))
 
     # -------------------------------------------------------------- generate
     def _generate_kwargs(
@@ -441,14 +462,30 @@ class UnderstandingEngine:
         engine lock is held until then: consume to the end or close it.
         """
         inputs = self.build_inputs(frames, audio, text, system_prompt, fps)
+        yield from self.stream_generate(lambda: inputs, max_new_tokens, min_new_tokens, stop)
+
+    def stream_generate(
+        self,
+        prepare: Callable[[], dict[str, Any]],
+        max_new_tokens: int,
+        min_new_tokens: int | None,
+        stop: threading.Event | None,
+        finish: Callable[[], None] | None = None,
+    ) -> Iterator[str]:
+        """Greedy `generate` over what `prepare()` returns, as text deltas (see `stream_answer`).
+
+        `prepare` runs once the engine is this caller's, and `finish` before it is released: a live
+        context prefills its new tokens in the first and trims its cache in the second.
+        """
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be a positive integer")
         if stop is not None and stop.is_set():
             return  # stopped before it started: no generate at all
         abandon = threading.Event()
         streamer = _TokenStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=_POLL_S)
-        kwargs = self._generate_kwargs(inputs, max_new_tokens, min_new_tokens, [stop, abandon], streamer)
         failure: list[BaseException] = []
 
-        def run() -> None:
+        def run(kwargs: dict[str, Any]) -> None:
             try:
                 with torch.inference_mode():
                     self.model.generate(**kwargs)
@@ -467,7 +504,10 @@ class UnderstandingEngine:
         try:
             if stop is not None and stop.is_set():
                 return
-            worker = threading.Thread(target=run, name="understanding-generate", daemon=True)
+            with torch.inference_mode():
+                inputs = prepare()
+            kwargs = self._generate_kwargs(inputs, max_new_tokens, min_new_tokens, [stop, abandon], streamer)
+            worker = threading.Thread(target=run, args=(kwargs,), name="understanding-generate", daemon=True)
             worker.start()
             try:
                 while True:
@@ -485,6 +525,10 @@ class UnderstandingEngine:
                 abandon.set()
                 worker.join()
         finally:
-            self._lock.release()
+            try:
+                if finish is not None:
+                    finish()
+            finally:
+                self._lock.release()
         if failure:
             raise failure[0]

@@ -12,6 +12,8 @@ import numpy as np
 class ChatRequest:
     session_id: str
     system_prompt: str | None = None
+    max_frames: int = 64  # the ingress's ring; the replica keeps the same frames
+    live_context: bool = False  # questions see every retained frame: keep them prefilled
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,19 @@ class ChatRefused:
 
 # -- ingress -> replica (through the mailbox) ------------------------------------------
 @dataclass(frozen=True)
+class FrameIn:
+    """A frame the ingress retained (after the frame filter), numbered in the order retained."""
+
+    seq: int
+    image: np.ndarray  # uint8 (H, W, 3)
+    pts_ms: float | None = None
+
+
+@dataclass(frozen=True)
 class Query:
     query_id: str
     text: str
-    frames: tuple[np.ndarray, ...]  # sampled, in order
+    frame_seqs: tuple[int, ...]  # the sampled frames (already sent as `FrameIn`), in order
     fps: float
     audio: np.ndarray | None = None  # float32 mono 16 kHz, what was buffered since the last query
 

@@ -1,9 +1,10 @@
 """The Understanding replica: a vision-language model and the chat sessions pinned to it.
 
 A chat session is one streaming call (`run_chat`), like a world-model session:
-its first item carries the replica's mailbox, queries arrive there, and the
-answers stream back as items. Keeping the session here is what will let a
-later version keep its visual context (KV cache) between questions.
+its first item carries the replica's mailbox, the retained frames and the
+questions arrive there, and the answers stream back as items. The session's
+frames live here (`SessionFrames`); a live session's video is prefilled into
+its own KV cache between questions, one pair of frames per engine turn.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from collections.abc import AsyncIterator
 from deployments.config import AppConfig
 from deployments.observability.metrics import ReplicaMetrics
 from deployments.sessions.slots import SessionSlots
+from deployments.understanding.session_frames import SessionFrames
 from deployments.understanding.messages import (
     ChatAccepted,
     ChatEnded,
     ChatRefused,
     ChatRequest,
     EndChat,
+    FrameIn,
     Query,
     QueryFinished,
     QueryStarted,
@@ -60,6 +63,7 @@ class UnderstandingServer:
         # waiting inside worker threads would fill the default thread pool, and the session holding the
         # engine would then find no thread to stream its own answer (every chat stuck behind one).
         self._engine_turn = asyncio.Lock()
+        self._sessions: dict[str, SessionFrames] = {}
         try:
             self.replica_id = serve.get_replica_context().replica_id.unique_id
         except Exception:  # outside Serve
@@ -81,6 +85,8 @@ class UnderstandingServer:
             "pid": os.getpid(),
             "sessions": self.slots.held,
             "mailbox_sessions": await self.mailbox.sessions.remote(),
+            "context_bytes": sum(f.nbytes() for f in self._sessions.values()),
+            "contexts": {sid: f.describe() for sid, f in self._sessions.items()},
         }
 
     async def run_chat(self, request: ChatRequest) -> AsyncIterator[object]:
@@ -89,6 +95,14 @@ class UnderstandingServer:
             self.metrics.session_start("over_capacity")
             yield ChatRefused("over_capacity", "no free chat slot on this replica", self.config.retry_after_s)
             return
+        frames = SessionFrames(
+            self.engine,
+            request.system_prompt,
+            request.max_frames,
+            live=request.live_context and self.config.chat_live_context,
+            rebuild_after_frames=self.config.chat_context_rebuild_frames,
+        )
+        self._sessions[sid] = frames
         try:
             await self.mailbox.open.remote(sid, self.config.lease_timeout_s)
             self.metrics.session_start("accepted")
@@ -96,53 +110,58 @@ class UnderstandingServer:
             inbox: list[object] = []
             while True:
                 if not inbox:
-                    delivery = await self.mailbox.wait_take.remote(sid, 1.0)
+                    # With prefill to do, only look at the mailbox between steps.
+                    delivery = await self.mailbox.wait_take.remote(sid, 0.0 if frames.has_work() else 1.0)
                     if delivery.lease_expired:
                         logger.warning("chat %s: lease expired, dropping it", sid)
                         return
                     inbox.extend(delivery.messages)
-                if not inbox:
-                    continue
-                queries = [m for m in inbox if isinstance(m, Query)]
-                ended = any(isinstance(m, EndChat) for m in inbox)
-                inbox.clear()
-                if queries:
-                    # Only the newest question is worth answering; older ones it replaced end at once.
-                    for stale in queries[:-1]:
-                        yield QueryStarted(stale.query_id)
-                        yield QueryFinished(stale.query_id, "", interrupted=True)
-                    async for item in self._answer(sid, request, queries[-1], inbox):
+                    if not inbox:
+                        if frames.has_work():
+                            async with self._engine_turn:
+                                await asyncio.to_thread(frames.step)
+                        continue
+                # In order: a question sees exactly the frames that came before it.
+                message = inbox.pop(0)
+                if isinstance(message, FrameIn):
+                    frames.add(message)
+                elif isinstance(message, Query):
+                    if any(isinstance(m, Query) for m in inbox):
+                        # Only the newest question is worth answering; one it replaced ends at once.
+                        yield QueryStarted(message.query_id)
+                        yield QueryFinished(message.query_id, "", interrupted=True)
+                        continue
+                    async for item in self._answer(sid, frames, message, inbox):
                         yield item
-                if ended or any(isinstance(m, EndChat) for m in inbox):
+                elif isinstance(message, EndChat):
                     yield ChatEnded()
                     return
         finally:
+            self._sessions.pop(sid, None)
+            frames.close()
             self.slots.release(sid)
             try:
                 self.mailbox.close.remote(sid)
             except Exception:  # the replica is going down; the mailbox goes with it
                 pass
 
-    async def _answer(self, sid: str, request: ChatRequest, query: Query, inbox: list) -> AsyncIterator[object]:
+    async def _answer(self, sid: str, frames: SessionFrames, query: Query, inbox: list) -> AsyncIterator[object]:
         """Stream one answer; a newer query arriving meanwhile stops it (and waits in `inbox`)."""
         audio_seconds = 0.0 if query.audio is None or not self.engine.takes_audio else len(query.audio) / self.engine.sampling_rate
-        yield QueryStarted(query.query_id, len(query.frames), round(audio_seconds, 3))
+        stop = threading.Event()
+        try:
+            answer = frames.answer(query, self.config.chat_max_new_tokens, self.config.chat_min_new_tokens, stop)
+        except ValueError as exc:  # the question names frames this replica never got: say so, go on
+            logger.warning("chat %s: query %s refused: %s", sid, query.query_id, exc)
+            yield QueryStarted(query.query_id)
+            yield QueryFinished(query.query_id, "", error=f"ValueError: {exc}")
+            return
+        yield QueryStarted(query.query_id, answer.frames, round(audio_seconds, 3))
         async with self._engine_turn:
-            async for item in self._stream(sid, request, query, inbox):
+            async for item in self._stream(sid, query, answer.deltas, stop, inbox):
                 yield item
 
-    async def _stream(self, sid: str, request: ChatRequest, query: Query, inbox: list) -> AsyncIterator[object]:
-        stop = threading.Event()
-        deltas = self.engine.stream_answer(
-            list(query.frames),
-            query.audio,
-            query.text,
-            system_prompt=request.system_prompt,
-            fps=query.fps,
-            max_new_tokens=self.config.chat_max_new_tokens,
-            min_new_tokens=self.config.chat_min_new_tokens,
-            stop=stop,
-        )
+    async def _stream(self, sid: str, query: Query, deltas, stop: threading.Event, inbox: list) -> AsyncIterator[object]:
         text, error, interrupted = "", None, False
         began = time.monotonic()
         next_check = began + CHECK_INTERVAL_S
