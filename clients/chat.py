@@ -684,7 +684,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system-prompt", metavar="TEXT", help="system prompt of the session (default: the server's)")
     parser.add_argument("--model", metavar="NAME", help="model name to send in session.config (default: the server's)")
     parser.add_argument("--max-frames", type=int, metavar="N", help="frames the server keeps (default: the server's, 64)")
-    parser.add_argument("--sample-frames", type=int, metavar="N", help="frames sampled for each query (num_sample_frames; default: the server's, 16)")
+    parser.add_argument("--sample-frames", type=int, metavar="N", help="frames sampled for each query (num_sample_frames; default: the server's, 16); at least --max-frames: every kept frame, which the server prefills as it arrives")
     parser.add_argument("--no-evs", action="store_true", help="turn the server's similar-frame filter (EVS) off")
     parser.add_argument("--evs-threshold", type=float, metavar="X", help="EVS similarity at or above which a frame is dropped (default: the server's, 0.95)")
     parser.add_argument(

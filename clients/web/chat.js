@@ -7,6 +7,7 @@
 const MAX_SIDE = 448; // frames are scaled down to this (the server keeps no more anyway)
 const JPEG_QUALITY = 0.8;
 const AUDIO_CHUNK_SAMPLES = 4000; // 0.25 s at 16 kHz per audio.chunk
+const LIVE_FRAMES = 64; // the ring a live session keeps (PROTOCOL default max_frames)
 
 const $ = (id) => document.getElementById(id);
 
@@ -166,7 +167,9 @@ async function start() {
   setStatus("connecting", "Connecting…");
   const socket = (ws = openServerSocket("/v1/video/chat/stream"));
   socket.onopen = () => {
-    socket.send(JSON.stringify({ type: "session.config", modalities: ["text"], evs_enabled: $("evs").checked }));
+    // Every kept frame in each question (num_sample_frames = max_frames): the server keeps them prefilled.
+    const frames = $("live").checked ? { max_frames: LIVE_FRAMES, num_sample_frames: LIVE_FRAMES } : {};
+    socket.send(JSON.stringify({ type: "session.config", modalities: ["text"], evs_enabled: $("evs").checked, ...frames }));
     t0 = performance.now();
     setStatus("live", "Live: sending frames" + (makeAudioSource ? " and audio." : "."));
     $("ask").disabled = false;
