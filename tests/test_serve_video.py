@@ -94,6 +94,11 @@ def test_same_seed_same_video(address):
 
 
 def test_sessions_spread_over_replicas_and_stay_pinned(address):
+    # The router sees free slots as the replicas last reported them (every routing_stats_period_s, 0.5 s):
+    # let a report come in after the previous tests' sessions freed theirs, or a replica may still look
+    # busier than it is and both sessions go to the other.
+    time.sleep(3 * 0.5)
+
     async def two():
         opened = [await start(address, prompt=f"scene {i}") for i in range(2)]
         replicas = [first["replica_id"] for _, _, first in opened]
