@@ -10,6 +10,8 @@ import torch
 
 from deployments.understanding.engine import UnderstandingEngine
 from deployments.understanding.live_context import LiveContext, process_pair
+from deployments.understanding.messages import FrameIn, Query
+from deployments.understanding.session_frames import SessionFrames
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -135,8 +137,6 @@ def test_a_stopped_answer_keeps_the_context_consistent(engine):
 
 
 # -- the session's frames on the replica ---------------------------------------------------------
-from deployments.understanding.messages import FrameIn, Query  # noqa: E402
-from deployments.understanding.session_frames import SessionFrames  # noqa: E402
 
 
 def feed(session: SessionFrames, frames, first_seq=0, every_ms=500.0, step=True):

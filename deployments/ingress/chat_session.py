@@ -17,7 +17,6 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import numpy as np
 from fastapi import WebSocket
 from ray.serve.handle import DeploymentHandle
 
@@ -153,16 +152,16 @@ class ChatSession(WebSocketSession):
                 await self.send_json(chat.frame_ack(message.frame_id, False, len(self._frames), chat.ACK_RATE_LIMITED, pts_ms=message.pts_ms))
             return
         try:
-            kept, evicted, image = await asyncio.to_thread(self._filter_and_keep, message)
+            retained, evicted = await asyncio.to_thread(self._filter_and_keep, message)
         except FrameError as exc:
             await self.fail(chat.invalid_image(str(exc), message.frame_id))
             if message.frame_id not in (None, ""):
                 await self.send_json(chat.frame_ack(message.frame_id, False, len(self._frames), chat.ACK_INVALID_IMAGE, pts_ms=message.pts_ms))
             return
+        kept = retained is not None
         if kept:
             # Awaited before the next message is read: the replica gets frames and questions in order.
-            frame = self._frames.newest()
-            await self._accepted.mailbox.post.remote(self._accepted.session_id, FrameIn(frame.seq, image, frame.pts_ms))
+            await self._accepted.mailbox.post.remote(self._accepted.session_id, retained)
         if message.frame_id not in (None, ""):
             await self.send_json(
                 chat.frame_ack(
@@ -175,17 +174,21 @@ class ChatSession(WebSocketSession):
                 )
             )
 
-    def _filter_and_keep(self, message: chat.FrameMessage) -> tuple[bool, _Frame | None, np.ndarray | None]:
-        """Thumbnail first: a dropped near-duplicate never pays for the full decode."""
+    def _filter_and_keep(self, message: chat.FrameMessage) -> tuple[FrameIn | None, _Frame | None]:
+        """The frame for the replica when kept (None when filtered), and the one it evicted from the ring.
+
+        Thumbnail first: a dropped near-duplicate never pays for the full decode.
+        """
         thumbnail = frame_thumbnail(message.data)
         kept = self._filter.check(thumbnail)
         if self.metrics is not None:
             self.metrics.evs(kept)
         if not kept:
-            return False, None, None
+            return None, None
         image = decode_image(message.data, self.config.chat_frame_max_side)
         seq, self._retained = self._retained, self._retained + 1
-        return True, self._frames.append(_Frame(seq, message.frame_id, message.pts_ms)), image
+        evicted = self._frames.append(_Frame(seq, message.frame_id, message.pts_ms))
+        return FrameIn(seq, image, message.pts_ms), evicted
 
     def _query(self, text: str) -> Query:
         sampled = self._frames.sample(self._settings.num_sample_frames)

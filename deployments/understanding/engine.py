@@ -320,8 +320,17 @@ class UnderstandingEngine:
         return audio
 
     def check_question(self, text: str, system_prompt: str | None, fps: float) -> None:
+        self.check_text(text)
+        self.check_setting(system_prompt, fps)
+
+    @staticmethod
+    def check_text(text: str) -> None:
         if not isinstance(text, str) or not text.strip():
             raise ValueError("text must be a non-empty string")
+
+    @staticmethod
+    def check_setting(system_prompt: str | None, fps: float) -> None:
+        """What a session fixes for its questions: the system message and the frames' rate."""
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ValueError("system_prompt must be a string or None")
         if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not math.isfinite(fps) or fps <= 0:

@@ -76,7 +76,7 @@ class LiveContext:
     def __init__(self, engine: UnderstandingEngine, system_prompt: str | None, fps: float, first_seq: int) -> None:
         if not supports_live_context(engine):
             raise ValueError(f"a live context needs a Qwen2.5-Omni thinker, not {engine.model_type}")
-        engine.check_question("?", system_prompt, fps)
+        engine.check_setting(system_prompt, fps)
         self.engine = engine
         self.system_prompt = system_prompt
         self.fps = float(fps)
@@ -86,8 +86,12 @@ class LiveContext:
         self._merge = model.config.vision_config.spatial_merge_size
         self._second_per_grid = model.config.vision_config.temporal_patch_size / self.fps
         self._video_token_id = model.config.video_token_index
+        # What comes before the video is the same for every question: any text stands in for it here.
         head, _ = self._split(engine.prompt_text("video", False, "?", system_prompt))
         self._head_ids = engine.tokenizer(head, return_tensors="pt")["input_ids"].to(engine.device)
+        # Closes the video when positions are laid out for a pair alone (nothing after it is prefilled).
+        eos = engine.tokenizer.convert_tokens_to_ids(engine.processor.vision_eos_token)
+        self._video_end = torch.tensor([[eos]], device=engine.device)
         self.cache = DynamicCache(config=model.config.get_text_config())
         self.length = 0  # tokens in the cache: the head, then every prefilled pair
         self.pairs = 0
@@ -163,8 +167,7 @@ class LiveContext:
         if pair.first_seq != self.next_seq:
             raise ValueError(f"the context expects the pair at frame {self.next_seq}, got {pair.first_seq}")
         self._check_grid([pair])
-        eos = torch.tensor([[self.engine.tokenizer.convert_tokens_to_ids(self.engine.processor.vision_eos_token)]], device=self.engine.device)
-        ids, positions, _ = self._layout(self.pairs + 1, eos, None)
+        ids, positions, _ = self._layout(self.pairs + 1, self._video_end, None)
         with torch.inference_mode():
             start = self.length  # 0 on the first pair: the head goes in with it
             end = ids.shape[1] - 1  # up to the pair's last token, not the closing eos
@@ -192,7 +195,7 @@ class LiveContext:
         A generator like `UnderstandingEngine.stream_answer`. The complete pending pairs stay in the
         context afterwards; the question, the answer and a lone newest frame do not.
         """
-        self.engine.check_question(text, self.system_prompt, self.fps)
+        self.engine.check_text(text)
         audio = self.engine.check_audio(audio)
         expected = self.next_seq
         for pair in pending:

@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator
 from deployments.config import AppConfig
 from deployments.observability.metrics import ReplicaMetrics
 from deployments.sessions.slots import SessionSlots
-from deployments.understanding.session_frames import SessionFrames
 from deployments.understanding.messages import (
     ChatAccepted,
     ChatEnded,
@@ -32,6 +31,7 @@ from deployments.understanding.messages import (
     QueryStarted,
     TextDelta,
 )
+from deployments.understanding.session_frames import SessionFrames
 
 logger = logging.getLogger("ray.serve")
 

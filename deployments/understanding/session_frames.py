@@ -28,7 +28,12 @@ import numpy as np
 
 from deployments.media.frames import FrameBuffer, frame_rate
 from deployments.understanding.engine import UnderstandingEngine
-from deployments.understanding.live_context import LiveContext, Pair, process_pair, supports_live_context
+from deployments.understanding.live_context import (
+    LiveContext,
+    Pair,
+    process_pair,
+    supports_live_context,
+)
 from deployments.understanding.messages import FrameIn, Query
 
 
