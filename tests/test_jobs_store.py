@@ -7,7 +7,7 @@ import av
 import numpy as np
 import pytest
 
-from deployments.jobs.content import ContentStore
+from deployments.jobs.content import SPRITESHEET, START_IMAGE, THUMBNAIL, VIDEO, ContentStore
 from deployments.jobs.manager import JobManager, JobSettings
 from deployments.jobs.records import (
     COMPLETED,
@@ -18,6 +18,7 @@ from deployments.jobs.records import (
     JobRecord,
     JobsError,
     JobSpec,
+    Recipe,
 )
 from deployments.jobs.runner import JobFailed, RunResult
 from deployments.jobs.store import JobStore
@@ -124,6 +125,29 @@ def test_expired_lists_finished_jobs_whose_time_is_up(store, clock):
     assert store.count(QUEUED) == 1
 
 
+def test_recipes_round_trip_and_a_database_from_an_older_server_gains_their_columns(tmp_path, clock):
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, owner TEXT NOT NULL, "
+                "status TEXT NOT NULL, progress INTEGER NOT NULL DEFAULT 0, created_at REAL NOT NULL, completed_at REAL, "
+                "expires_at REAL, model TEXT NOT NULL, prompt TEXT NOT NULL, seconds TEXT NOT NULL, size TEXT NOT NULL, "
+                "fps INTEGER NOT NULL, num_frames INTEGER NOT NULL, seed TEXT, error TEXT)")
+    old.execute("INSERT INTO jobs (id, owner, status, created_at, model, prompt, seconds, size, fps, num_frames) "
+                "VALUES ('video_old', 'a', 'completed', 1.0, 'm', 'p', '1', '64x64', 8, 9)")
+    old.commit()
+    old.close()
+    store = JobStore(path, now=clock)
+    assert store.get("video_old").remixed_from_video_id is None and store.recipe("video_old") is None
+    recipe = Recipe(64, 48, 3, 4, 5.0, (("w",), (), ("w", "l")), start_image=True)
+    store.insert(JobRecord(id="video_new", status=QUEUED, created_at=2.0, model="m", prompt="p", seconds="1", size="64x48",
+                           fps=8, num_frames=9, owner="a", remixed_from_video_id="video_old"), recipe)
+    assert store.recipe("video_new") == recipe and store.get("video_new").remixed_from_video_id == "video_old"
+    assert store.recipe("video_nope") is None
+    store.close()
+
+
 def test_jobs_errors_keep_their_fields_through_pickling():
     import pickle
 
@@ -141,8 +165,15 @@ def test_content_store_puts_reads_and_deletes(tmp_path):
     assert content.size("video_x") == 3_000_000
     assert b"".join(content.read("video_x")) == b"x" * 3_000_000
     content.scratch_path("video_x", ".fmp4").write_bytes(b"partial")
+    for asset in (THUMBNAIL, SPRITESHEET, START_IMAGE):
+        part = content.scratch_path("video_x", asset.suffix)
+        part.write_bytes(asset.name.encode())
+        content.put("video_x", part, asset)
+    assert content.read_all("video_x", THUMBNAIL) == b"thumbnail" and content.size("video_x", START_IMAGE) == 11
     content.delete("video_x")
-    assert content.size("video_x") is None and list(content.scratch.iterdir()) == []
+    assert [content.size("video_x", asset) for asset in (VIDEO, THUMBNAIL, SPRITESHEET, START_IMAGE)] == [None] * 4
+    assert list(content.scratch.iterdir()) == [] and list((tmp_path / "videos").iterdir()) == [content.scratch]
+    assert content.read_all("video_x", THUMBNAIL) is None
     content.delete("video_x")  # twice is fine
 
 
@@ -163,8 +194,9 @@ def fmp4(frames: int, size: int = 32) -> bytes:
     return data + encoder.close().data
 
 
-def spec(blocks: int = 3) -> JobSpec:
-    request = SessionRequest(session_id="s", prompt="a lake", height=32, width=32, fps=8, num_blocks=blocks)
+def spec(blocks: int = 3, **request) -> JobSpec:
+    request = SessionRequest(**{"session_id": "s", "prompt": "a lake", "height": 32, "width": 32, "fps": 8, "num_blocks": blocks,
+                                **request})
     return JobSpec(request, model="m", seconds="1", size="32x32", num_frames=9)
 
 
@@ -175,11 +207,13 @@ class FakeRunner:
         self.gate = asyncio.Event()
         self.fail = fail
         self.cancelled = 0
+        self.specs = []  # what it was asked to run
 
     async def run(self, spec, out, started, block_done):
+        self.specs.append(spec)
         try:
             await self.gate.wait()
-            started(7)
+            started(spec.request.seed if spec.request.seed is not None else 7)
             if self.fail:
                 raise self.fail
             for block in range(spec.num_blocks):
@@ -218,6 +252,58 @@ def test_a_job_runs_to_a_progressive_mp4(tmp_path, clock):
     with av.open(io.BytesIO(data)) as container:
         assert container.format.name.startswith("mov") and sum(1 for _ in container.decode(video=0)) == 9
     assert list(jobs.content.scratch.iterdir()) == []
+    # Its previews are stored beside it (tests/test_previews.py checks what they show).
+    assert jobs.content.read_all(done.id, THUMBNAIL)[8:12] == b"WEBP"
+    assert jobs.content.read_all(done.id, SPRITESHEET)[:3] == b"\xff\xd8\xff"
+
+
+def test_a_remix_renders_the_completed_job_again_under_a_new_prompt(tmp_path, clock):
+    image = np.arange(32 * 48 * 3, dtype=np.uint8).reshape(32, 48, 3)
+    actions = (("w",), (), ("l",))
+
+    async def go():
+        runner = FakeRunner()
+        runner.gate.set()
+        jobs = manager(tmp_path, clock, runner)
+        source = await jobs.wait(jobs.create(JobSpec(spec(num_inference_steps=2, flow_shift=4.0, image=image).request,
+                                                     "m", "1", "32x32", 9, actions)).id, 10)
+        runner.gate.clear()
+        waiting = jobs.create(spec())
+        with pytest.raises(JobsError) as not_yet:
+            await jobs.remix(waiting.id, "x")
+        runner.gate.set()
+        remix = await jobs.remix(source.id, "a lake at night")
+        return jobs, runner, source, remix, await jobs.wait(remix.id, 10), not_yet.value
+
+    jobs, runner, source, remix, remixed, not_yet = asyncio.run(go())
+    assert not_yet.kind == JobsError.NOT_READY and "once it is completed" in not_yet.message
+    assert (remix.remixed_from_video_id, remix.prompt, remix.status) == (source.id, "a lake at night", QUEUED)
+    assert remixed.status == COMPLETED and remixed.seed == source.seed == 7
+    first, again = runner.specs[0], runner.specs[-1]
+    # Everything but the prompt (and the session id) is the source's, the seed its replica drew included.
+    assert again.request.prompt == "a lake at night" and again.request.session_id != first.request.session_id
+    assert again.request.seed == 7 and again.actions == actions
+    for name in ("height", "width", "fps", "num_blocks", "num_inference_steps", "flow_shift"):
+        assert getattr(again.request, name) == getattr(first.request, name), name
+    assert np.array_equal(again.request.image, image)
+    assert (again.model, again.seconds, again.size, again.num_frames) == (first.model, first.seconds, first.size, first.num_frames)
+
+    async def after_a_restart():
+        runner = FakeRunner()
+        runner.gate.set()
+        fresh = JobManager(JobStore(tmp_path / "jobs.db", now=clock), ContentStore(str(tmp_path / "videos")), runner, "owner-2",
+                           JobSettings(100.0, 2, 3.0), now=clock)
+        fresh.recover()
+        remix = await fresh.remix(remixed.id, "a lake in fog")  # a remix of a remix
+        await fresh.wait(remix.id, 10)
+        await fresh.delete(source.id)
+        with pytest.raises(JobsError) as gone:
+            await fresh.remix(source.id, "y")
+        return runner.specs[0], gone.value
+
+    third, gone = asyncio.run(after_a_restart())
+    assert third.request.seed == 7 and np.array_equal(third.request.image, image) and third.actions == actions
+    assert gone.kind == JobsError.NOT_FOUND
 
 
 def test_queue_limit_delete_while_waiting_and_failures(tmp_path, clock):

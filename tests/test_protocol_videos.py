@@ -14,6 +14,7 @@ from deployments.protocol.videos import (
     form_fields,
     image_data_url,
     parse_list_query,
+    parse_remix,
     parse_video_create,
 )
 
@@ -144,6 +145,10 @@ def test_job_objects_parse_as_the_sdks_video_model():
     video = as_video(wire)
     assert (video.status, video.progress, video.size, video.seconds) == ("completed", 100, "64x64", "1")
     assert as_video(videos.video_object(failed)).error.code == "replica_lost"
+    assert video.remixed_from_video_id is None
+    remix = JobRecord(id="video_" + "c" * 32, status=COMPLETED, created_at=13.0, model="world-model", prompt="q",
+                      seconds="1", size="64x64", fps=8, num_frames=9, remixed_from_video_id=done.id)
+    assert as_video(videos.video_object(remix)).remixed_from_video_id == done.id
     listing = videos.video_list(JobPage([failed, done], has_more=True))
     assert (listing["first_id"], listing["last_id"], listing["has_more"]) == (failed.id, done.id, True)
     assert construct_type(type_=VideoDeleteResponse, value=videos.video_deleted(done.id)).deleted is True
@@ -157,3 +162,17 @@ def test_over_capacity_carries_retry_after():
 def test_base64_of_upload_round_trips():
     data = png()
     assert base64.b64decode(image_data_url(data).split(",", 1)[1]) == data
+
+
+def test_a_remix_takes_a_prompt_and_nothing_else():
+    assert parse_remix({"prompt": "the same walk at night"}) == "the same walk at night"
+    for body, param in (({}, "prompt"), ({"prompt": " "}, "prompt"), ({"prompt": 3}, "prompt"),
+                        ({"prompt": "x", "seed": 4}, "seed")):
+        with pytest.raises(ApiError) as error:
+            parse_remix(body)
+        assert error.value.status == 400 and error.value.param == param
+    with pytest.raises(ApiError) as error:
+        parse_remix({"prompt": "x", "size": "64x64"})
+    assert "a remix takes only a prompt" in error.value.message
+    with pytest.raises(ApiError):
+        parse_remix(["prompt"])

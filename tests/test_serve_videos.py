@@ -1,5 +1,6 @@
 """`/v1/videos` end to end: a real `serve.run`, driven by the official `openai` SDK (and plain HTTP for the edges)."""
 
+import base64
 import io
 import json
 import os
@@ -10,9 +11,11 @@ import urllib.request
 from types import SimpleNamespace
 
 import av
+import numpy as np
 import openai
 import pytest
-from conftest import app_args, wait_for
+from conftest import app_args, deployed, wait_for
+from PIL import Image
 from ray import serve
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # the SDK marks videos deprecated
@@ -83,6 +86,11 @@ def decode(mp4: bytes) -> tuple[list, float, list[str]]:
     return frames, duration, boxes
 
 
+def closest(image: np.ndarray, frames: list) -> int:
+    """Which frame a (lossy) picture of one frame shows."""
+    return int(np.argmin([np.abs(image.astype(int) - frame.astype(int)).mean() for frame in frames]))
+
+
 def status_of(client, video_id: str) -> str | None:
     try:
         return client.videos.retrieve(video_id).status
@@ -115,6 +123,20 @@ def test_create_and_poll_then_download_a_playable_mp4(client, served):
     assert duration == pytest.approx(9 / 8, abs=0.01)
     assert boxes.index("moov") < boxes.index("mdat") and "moof" not in boxes
     assert client.videos.retrieve(video.id).model_dump() == video.model_dump()
+    # The two previews OpenAI's API offers beside the video.
+    thumbnail = client.videos.with_raw_response.download_content(video.id, variant="thumbnail")
+    assert thumbnail.headers["content-type"] == "image/webp"
+    with Image.open(io.BytesIO(thumbnail.content)) as image:
+        assert image.format == "WEBP" and image.size == (64, 64)
+        assert closest(np.asarray(image.convert("RGB")), frames) == 0  # the first frame
+    sheet = client.videos.with_raw_response.download_content(video.id, variant="spritesheet")
+    assert sheet.headers["content-type"] == "image/jpeg"
+    with Image.open(io.BytesIO(sheet.content)) as image:
+        assert image.format == "JPEG" and image.size == (3 * 64, 3 * 64)  # all 9 frames, 3 by 3
+        last = np.asarray(image.convert("RGB"))[128:, 128:]
+    assert closest(last, frames) == 8
+    status, _, body = http("GET", f"{served.base}/v1/videos/{video.id}/content?variant=poster")
+    assert status == 400 and json.loads(body)["error"]["param"] == "variant"
 
 
 def test_an_action_script_steers_the_job(client):
@@ -128,7 +150,50 @@ def test_an_action_script_steers_the_job(client):
     # An action script like examples/actions.json (one entry per block); the SDK sends forms, so as JSON text.
     moving = render(actions=json.dumps([[["w"], ["w"], ["w"]], [["l"], ["l"], ["l"]], [["w"], [], []]]))
     assert len(still) == len(moving) == 33
-    assert any((a != b).any() for a, b in zip(still, moving))
+    # The script plays from the first frame on: the first block already differs, and the same job renders the same video.
+    assert any((a != b).any() for a, b in zip(still[:9], moving[:9]))
+    again = render(actions=json.dumps([[["w"], ["w"], ["w"]], [["l"], ["l"], ["l"]], [["w"], [], []]]))
+    assert np.abs(np.stack(again).astype(int) - np.stack(moving)).mean() < 1
+
+
+def test_a_remix_renders_the_video_again_under_a_new_prompt(client, served):
+    source = client.videos.create_and_poll(prompt="a quiet street", seconds="1", poll_interval_ms=200,
+                                           extra_body={"fps": 8, "actions": json.dumps([[["w"], ["w"], ["l"]]])})
+    assert source.status == "completed" and source.seed is not None  # drawn by the replica, kept for the remix
+    same = client.videos.poll(client.videos.remix(source.id, prompt="a quiet street").id, poll_interval_ms=200)
+    night = client.videos.remix(source.id, prompt="a quiet street at night")
+    assert (night.remixed_from_video_id, night.prompt, night.status) == (source.id, "a quiet street at night", "queued")
+    night = client.videos.poll(night.id, poll_interval_ms=200)
+    assert night.status == "completed" and (night.seed, night.size, night.seconds, night.num_frames) == (
+        source.seed, source.size, source.seconds, source.num_frames)
+
+    def frames(video):
+        return np.stack(decode(client.videos.download_content(video.id).read())[0]).astype(int)
+
+    original = frames(source)
+    # Same prompt: the same video again (seed, length and actions kept); another prompt: another video.
+    assert np.abs(frames(same) - original).mean() < 1
+    assert np.abs(frames(night) - original).mean() > 1
+    with pytest.raises(openai.NotFoundError):
+        client.videos.remix("video_" + "e" * 32, prompt="x")
+    status, _, body = http("POST", f"{served.base}/v1/videos/{source.id}/remix", {"prompt": "x", "seed": 3})
+    assert status == 400 and json.loads(body)["error"]["param"] == "seed"
+    running = long_job(client)
+    with pytest.raises(openai.ConflictError) as not_yet:
+        client.videos.remix(running.id, prompt="x")
+    assert not_yet.value.response.json()["error"]["code"] == "video_not_ready"
+    client.videos.delete(running.id)
+
+
+def test_operations_this_server_does_not_offer_are_named_in_openais_error_shape(client, served):
+    with pytest.raises(openai.APIStatusError) as extend:
+        client.videos.extend(prompt="more", seconds="4", video=("clip.mp4", b"\x00" * 64, "video/mp4"))
+    error = extend.value.response.json()["error"]
+    assert error["code"] == "unsupported_operation" and "POST" in error["message"] and "/v1/videos/extensions" in error["message"]
+    status, _, body = http("GET", served.base + "/v1/videos/characters/char_1/x")
+    assert status == 404 and json.loads(body)["error"]["code"] == "unsupported_operation"
+    status, _, body = http("GET", served.base + "/nothing-here")
+    assert status == 404 and json.loads(body) == {"detail": "Not Found"}  # outside the video API: FastAPI's own
 
 
 def test_list_newest_first_with_pages(client):
@@ -250,6 +315,42 @@ def test_jobs_left_running_by_a_dead_owner_are_marked_failed(client, served):
     assert wait_for(lambda: stats("WorldModel")["sessions"] == [], LEASE_S + 10)
 
 
+def test_an_uploaded_start_image_conditions_the_job_and_its_remix(serve_address, i2v_model_dir, tmp_path):
+    # The image-to-video model in an app of its own: the SDK uploads the image as a multipart file.
+    args = app_args(i2v_model_dir, num_replicas=1, jobs_db_path=str(tmp_path / "jobs.db"), jobs_content_dir=str(tmp_path / "videos"),
+                    api_keys=[KEY])
+    with deployed("videos-i2v", "/videos-i2v", args):
+        base = f"http://{serve_address}/videos-i2v"
+        assert wait_for(lambda: http("GET", base + "/healthz")[0] == 200, 30)
+        client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+        def frames(video_id: str) -> np.ndarray:
+            return np.stack(decode(client.videos.download_content(video_id).read())[0]).astype(int)
+
+        def render(image: bytes) -> tuple[object, np.ndarray]:
+            video = client.videos.create_and_poll(prompt="a room", seconds="1", input_reference=("start.png", image, "image/png"),
+                                                  poll_interval_ms=200, extra_body={"fps": 8, "seed": 5})
+            assert video.status == "completed", video.error
+            return video, frames(video.id)
+
+        red, from_upload = render(png((255, 0, 0)))
+        _, from_blue = render(png((0, 0, 255)))
+        # The same image as a data URL in a JSON body.
+        data_url = "data:image/png;base64," + base64.b64encode(png((255, 0, 0))).decode()
+        body = {"prompt": "a room", "seconds": "1", "fps": 8, "seed": 5, "input_reference": {"image_url": data_url}}
+        status, headers, _ = http("POST", base + "/v1/videos/sync", body)
+        assert status == 200
+        from_json = frames(headers["x-video-id"])
+        assert len(from_upload) == 9 and np.abs(from_json - from_upload).mean() < 1
+        assert np.abs(from_blue - from_upload).mean() > 1  # the image, not only the seed, shapes the video
+        remix = client.videos.poll(client.videos.remix(red.id, prompt="a room").id, poll_interval_ms=200)
+        again = np.stack(decode(client.videos.download_content(remix.id).read())[0]).astype(int)
+        assert np.abs(again - from_upload).mean() < 1  # the remix starts from the same image
+        with pytest.raises(openai.BadRequestError) as missing:
+            client.videos.create(prompt="no image", seconds="1")
+        assert "image" in missing.value.response.json()["error"]["message"]
+
+
 def test_a_job_on_a_replica_that_dies_fails_with_replica_lost(client):
     # Last in the module: the WorldModel replica does not come back before the app is deleted.
     video = long_job(client)
@@ -260,9 +361,7 @@ def test_a_job_on_a_replica_that_dies_fails_with_replica_lost(client):
     assert failed.error.code == "replica_lost" and 0 < failed.progress < 100
 
 
-def png() -> bytes:
-    from PIL import Image
-
+def png(colour=(0, 128, 255)) -> bytes:
     buffer = io.BytesIO()
-    Image.new("RGB", (16, 16), (0, 128, 255)).save(buffer, format="PNG")
+    Image.new("RGB", (16, 16), colour).save(buffer, format="PNG")
     return buffer.getvalue()

@@ -20,17 +20,20 @@ import logging
 import re
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import RayServeException
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.ingress.image_fetch import FetchPolicy, fetch_image
+from deployments.jobs.content import DOWNLOADS, VIDEO
 from deployments.jobs.records import COMPLETED, ID_PREFIX, JobRecord, JobsError, JobSpec
 from deployments.protocol import videos
 from deployments.protocol.errors import MESSAGE_TOO_LARGE, START_MESSAGE_MAX_BYTES, ProtocolError
-from deployments.protocol.jsonwire import loads
+from deployments.protocol.jsonwire import loads, short
 from deployments.protocol.videos import ApiError
 from deployments.world_model.requests import generation_defaults, session_request
 
@@ -95,10 +98,11 @@ class VideosApi:
         resolved = create.resolved
         return JobSpec(session_request(resolved), create.model, create.seconds, create.size, resolved.num_frames, create.actions)
 
-    async def content(self, video_id: str, headers: dict | None = None) -> StreamingResponse:
-        size = await self.ask("content_size", video_id)
-        chunks = self.jobs.options(stream=True).read_content.remote(video_id)
-        return StreamingResponse(chunks, media_type="video/mp4", headers={"content-length": str(size), **(headers or {})})
+    async def content(self, video_id: str, variant: str = VIDEO.name, headers: dict | None = None) -> StreamingResponse:
+        size = await self.ask("content_size", video_id, variant)
+        chunks = self.jobs.options(stream=True).read_content.remote(video_id, variant)
+        media_type = DOWNLOADS[variant].media_type
+        return StreamingResponse(chunks, media_type=media_type, headers={"content-length": str(size), **(headers or {})})
 
 
 def _api(request: Request) -> VideosApi:
@@ -114,6 +118,12 @@ async def create_video(request: Request, api: VideosApi = Depends(_api)) -> JSON
     return JSONResponse(videos.video_object(record))
 
 
+async def remix_video(video_id: str, request: Request, api: VideosApi = Depends(_api)) -> JSONResponse:
+    _checked(video_id)
+    prompt = videos.parse_remix(await _read_body(request))
+    return JSONResponse(videos.video_object(await api.ask("remix", video_id, prompt)))
+
+
 async def create_video_sync(request: Request, api: VideosApi = Depends(_api)) -> Response:
     """Render and answer with the MP4 itself; the job stays listed (its id is in `x-video-id`)."""
     record = await api.ask("create", await api.job_spec(request))
@@ -125,7 +135,7 @@ async def create_video_sync(request: Request, api: VideosApi = Depends(_api)) ->
         raise
     if record.status != COMPLETED:
         raise _unfinished(record)
-    return await api.content(record.id, {"x-video-id": record.id})
+    return await api.content(record.id, headers={"x-video-id": record.id})
 
 
 async def list_videos(
@@ -150,14 +160,16 @@ async def delete_video(video_id: str, api: VideosApi = Depends(_api)) -> JSONRes
 
 
 async def video_content(video_id: str, variant: str | None = None, api: VideosApi = Depends(_api)) -> Response:
-    if variant not in (None, "video"):
-        raise videos.invalid(f"variant: only 'video' is available, got {variant!r}", param="variant")
-    return await api.content(_checked(video_id))
+    variant = variant or VIDEO.name
+    if variant not in DOWNLOADS:
+        raise videos.invalid(f"variant: must be one of {', '.join(DOWNLOADS)}, got {short(variant, 32)!r}", param="variant")
+    return await api.content(_checked(video_id), variant)
 
 
 ROUTES = (
     ("POST", "/v1/videos", create_video),
     ("POST", "/v1/videos/sync", create_video_sync),
+    ("POST", "/v1/videos/{video_id}/remix", remix_video),
     ("GET", "/v1/videos", list_videos),
     ("GET", "/v1/videos/{video_id}", retrieve_video),
     ("DELETE", "/v1/videos/{video_id}", delete_video),
@@ -166,14 +178,24 @@ ROUTES = (
 
 
 def install(app: FastAPI) -> None:
-    """Add the routes and the handler that turns every ApiError into OpenAI's error body."""
+    """Add the routes and the handlers that answer every video API error in OpenAI's error body."""
     for method, path, endpoint in ROUTES:
         app.add_api_route(path, endpoint, methods=[method])
     app.add_exception_handler(ApiError, _error_response)
+    app.add_exception_handler(StarletteHTTPException, _unrouted)
 
 
 async def _error_response(request: Request, exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+
+
+async def _unrouted(request: Request, exc: StarletteHTTPException) -> Response:
+    """An operation of OpenAI's API this server does not offer (edits, extensions, characters) is named as such."""
+    if exc.status_code not in (404, 405) or "/v1/videos" not in request.url.path:
+        return await http_exception_handler(request, exc)
+    offered = ", ".join(sorted({f"{method} {path}" for method, path, _ in ROUTES}))
+    message = f"{request.method} {request.url.path} is not an operation of this server's video API; it offers {offered}"
+    return await _error_response(request, ApiError(exc.status_code, message, code="unsupported_operation"))
 
 
 def _checked(video_id: str) -> str:

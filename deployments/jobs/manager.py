@@ -5,19 +5,24 @@ change to the store itself (one writer), runs each job as an asyncio task
 through a `SessionRunner`, remuxes the finished stream to a progressive MP4
 and puts it in the content store. When it starts, jobs an earlier owner left
 queued or in progress are marked failed, not re-run: their callers asked for
-one render and may already have given up, and the request (its start image)
-is not kept. Pure asyncio, no Ray: the runner it is given does the serving.
+one render and may already have given up. What a job rendered (its recipe
+and start image) is kept with it, so a completed one can be remixed under a
+new prompt. Pure asyncio, no Ray: the runner it is given does the serving.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from deployments.jobs.content import ContentStore
+import numpy as np
+from PIL import Image
+
+from deployments.jobs.content import SPRITESHEET, START_IMAGE, THUMBNAIL, VIDEO, Asset, ContentStore
 from deployments.jobs.records import (
     COMPLETED,
     FAILED,
@@ -33,6 +38,7 @@ from deployments.jobs.records import (
 )
 from deployments.jobs.runner import JobFailed
 from deployments.jobs.store import JobStore
+from deployments.media.previews import write_previews
 from deployments.media.remux import remux_file
 
 logger = logging.getLogger("ray.serve")
@@ -78,7 +84,7 @@ class JobManager:
         return failed
 
     # -- asking ------------------------------------------------------------------------
-    def create(self, spec: JobSpec) -> JobRecord:
+    def create(self, spec: JobSpec, remixed_from: str | None = None) -> JobRecord:
         if len(self._waiting) >= self.settings.max_queued:
             raise JobsError(
                 JobsError.QUEUE_FULL,
@@ -98,12 +104,30 @@ class JobManager:
             num_frames=spec.num_frames,
             seed=request.seed,
             owner=self.owner,
+            remixed_from_video_id=remixed_from,
         )
-        self.store.insert(record)
+        self.store.insert(record, spec.recipe())
         self._waiting.add(record.id)
         self._finished[record.id] = asyncio.Event()
         self._tasks[record.id] = asyncio.create_task(self._run(record.id, spec), name=f"video-job-{record.id}")
         return record
+
+    async def remix(self, source_id: str, prompt: str) -> JobRecord:
+        """A new job rendering the completed job `source_id` again under `prompt` (its seed, size, actions, start image)."""
+        source = self.get(source_id)
+        if source.status != COMPLETED:
+            raise JobsError(JobsError.NOT_READY, f"Video '{source_id}' can be remixed once it is completed; it is {source.status}.",
+                            param="video_id")
+        recipe = self.store.recipe(source_id)
+        if recipe is None:
+            raise JobsError(JobsError.NOT_FOUND, f"Video '{source_id}' was made by an older server that kept no recipe to remix.",
+                            param="video_id")
+        image = None
+        if recipe.start_image:
+            image = await asyncio.to_thread(self._start_image, source_id)
+            if image is None:
+                raise JobsError(JobsError.NOT_FOUND, f"The start image of video '{source_id}' is gone.", param="video_id")
+        return self.create(recipe.remix(source, prompt, image), remixed_from=source_id)
 
     def get(self, job_id: str) -> JobRecord:
         record = self.store.get(job_id)
@@ -136,17 +160,19 @@ class JobManager:
         self.store.delete(job_id)
         await asyncio.to_thread(self.content.delete, job_id)
 
-    async def content_size(self, job_id: str) -> int:
+    async def content_size(self, job_id: str, asset: Asset = VIDEO) -> int:
         record = self.get(job_id)
-        size = await asyncio.to_thread(self.content.size, job_id) if record.status == COMPLETED else None
-        if size is None:
+        if record.status != COMPLETED:
             raise JobsError(JobsError.NOT_READY, f"Video '{job_id}' has no content: it is {record.status}.", param="video_id")
+        size = await asyncio.to_thread(self.content.size, job_id, asset)
+        if size is None:  # a video finished by an older server, which made no previews
+            raise JobsError(JobsError.NOT_FOUND, f"Video '{job_id}' has no {asset.name}.", param="variant")
         return size
 
-    async def read_content(self, job_id: str) -> Iterator[bytes]:
-        """The video's chunks; iterate them in a thread (each one reads the content store)."""
-        await self.content_size(job_id)
-        return self.content.read(job_id)
+    async def read_content(self, job_id: str, asset: Asset = VIDEO) -> Iterator[bytes]:
+        """The asset's chunks; iterate them in a thread (each one reads the content store)."""
+        await self.content_size(job_id, asset)
+        return self.content.read(job_id, asset)
 
     def stats(self) -> dict:
         return {"owner": self.owner, "running": sorted(self._tasks), "waiting": sorted(self._waiting)}
@@ -175,7 +201,7 @@ class JobManager:
     # -- one job -----------------------------------------------------------------------
     async def _run(self, job_id: str, spec: JobSpec) -> None:
         stream_file = self.content.scratch_path(job_id, ".fmp4")
-        video_file = self.content.scratch_path(job_id, ".mp4")
+        outputs = {asset: self.content.scratch_path(job_id, asset.suffix) for asset in (THUMBNAIL, SPRITESHEET, VIDEO)}
         progress = 0
 
         def started(seed: int) -> None:
@@ -191,11 +217,15 @@ class JobManager:
                 self.store.update(job_id, self.owner, progress=percent)
 
         try:
+            if spec.request.image is not None:
+                await asyncio.to_thread(self._keep_start_image, job_id, spec.request.image)
             result = await self.runner.run(spec, stream_file, started, block_done)
-            frames = await asyncio.to_thread(remux_file, stream_file, video_file)
+            frames = await asyncio.to_thread(remux_file, stream_file, outputs[VIDEO])
             if frames != result.frames:
                 logger.warning("video job %s: %d frames generated but %d remuxed", job_id, result.frames, frames)
-            await asyncio.to_thread(self.content.put, job_id, video_file)
+            await asyncio.to_thread(write_previews, outputs[VIDEO], outputs[THUMBNAIL], outputs[SPRITESHEET])
+            for asset, path in outputs.items():  # the video last: whoever sees it finds its previews too
+                await asyncio.to_thread(self.content.put, job_id, path, asset)
             self._finish(job_id, COMPLETED)
         except asyncio.CancelledError:
             raise  # deleted: the record goes with it
@@ -205,9 +235,21 @@ class JobManager:
             logger.exception("video job %s failed", job_id)
             self._finish(job_id, FAILED, JobError("internal_error", f"Rendering failed: {type(exc).__name__}"))
         finally:
-            stream_file.unlink(missing_ok=True)
-            video_file.unlink(missing_ok=True)
+            for path in (stream_file, *outputs.values()):
+                path.unlink(missing_ok=True)
             self._forget(job_id)
+
+    def _keep_start_image(self, job_id: str, image: np.ndarray) -> None:
+        path = self.content.scratch_path(job_id, START_IMAGE.suffix)
+        Image.fromarray(image).save(path, format="PNG")  # lossless: a remix starts from the same pixels
+        self.content.put(job_id, path, START_IMAGE)
+
+    def _start_image(self, job_id: str) -> np.ndarray | None:
+        data = self.content.read_all(job_id, START_IMAGE)
+        if data is None:
+            return None
+        with Image.open(io.BytesIO(data)) as image:
+            return np.asarray(image.convert("RGB"))
 
     def _forget(self, job_id: str) -> None:
         """The job no longer runs here: drop it from the queue and wake whoever waits on it."""

@@ -6,8 +6,11 @@ OpenAI wire shape is built from them in `deployments/protocol/videos.py`.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from deployments.world_model.messages import SessionRequest
 
@@ -41,6 +44,55 @@ class JobSpec:
     def num_blocks(self) -> int:
         return self.request.num_blocks or 1
 
+    def recipe(self) -> Recipe:
+        request = self.request
+        return Recipe(request.width, request.height, request.num_blocks, request.num_inference_steps, request.flow_shift,
+                      self.actions, request.image is not None)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a job rendered besides its prompt and seed, kept with its record so it can be remixed.
+
+    The start image is not in here (it is a content asset); `start_image` says whether there is one.
+    """
+
+    width: int
+    height: int
+    num_blocks: int | None
+    num_inference_steps: int | None
+    flow_shift: float | None
+    actions: tuple[tuple[str, ...], ...] | None
+    start_image: bool
+
+    def to_json(self) -> str:
+        fields = dict(self.__dict__)
+        fields["actions"] = None if self.actions is None else [list(keys) for keys in self.actions]
+        return json.dumps(fields)
+
+    @classmethod
+    def from_json(cls, text: str) -> Recipe:
+        fields = json.loads(text)
+        if fields["actions"] is not None:
+            fields["actions"] = tuple(tuple(keys) for keys in fields["actions"])
+        return cls(**fields)
+
+    def remix(self, source: JobRecord, prompt: str, image: np.ndarray | None) -> JobSpec:
+        """The source job again with another prompt: same seed, size, length, steps, actions and start image."""
+        request = SessionRequest(
+            session_id=uuid.uuid4().hex,
+            prompt=prompt,
+            height=self.height,
+            width=self.width,
+            fps=source.fps,
+            seed=source.seed,
+            num_blocks=self.num_blocks,
+            num_inference_steps=self.num_inference_steps,
+            flow_shift=self.flow_shift,
+            image=image,
+        )
+        return JobSpec(request, source.model, source.seconds, source.size, source.num_frames, self.actions)
+
 
 @dataclass(frozen=True)
 class JobError:
@@ -65,6 +117,7 @@ class JobRecord:
     expires_at: float | None = None  # set when the job finishes: the record and its video go then
     error: JobError | None = None
     owner: str = ""  # the VideoJobs replica that runs (or ran) it
+    remixed_from_video_id: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -9,6 +9,7 @@ Cancelling `run` cancels the stream, which frees the slot on the replica.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,6 @@ from deployments.jobs.records import JobSpec
 from deployments.protocol.errors import OVER_CAPACITY, REPLICA_LOST
 from deployments.sessions.opening import keep_lease, open_session
 from deployments.world_model.messages import (
-    Interact,
     InteractionFailed,
     MediaChunk,
     Playback,
@@ -69,10 +69,6 @@ class SessionRunner:
         lease = asyncio.create_task(keep_lease(accepted.mailbox, sid, self.lease_timeout_s))
         try:
             started(accepted.seed)
-            if spec.actions:
-                # Queued behind one another, the frames play one per latent frame from the first block that
-                # starts after this arrives (the same timing as a WebSocket client sending them at video.start).
-                await accepted.mailbox.post.remote(sid, Interact(Interaction(event_id=ACTIONS_EVENT_ID, actions=spec.actions)))
             stored_frames = 0
             with open(out, "wb") as sink:
                 async for item in stream:
@@ -102,8 +98,14 @@ class SessionRunner:
     async def _open(self, spec: JobSpec):
         async with self._turn:
             wait = FIRST_WAIT_S
+            request = spec.request
+            if spec.actions:
+                # Applied before block 0, the key sets play one per latent frame from the first frame on: the same
+                # job renders the same video every time (a remix of it too).
+                actions = Interaction(event_id=ACTIONS_EVENT_ID, actions=spec.actions)
+                request = dataclasses.replace(request, interactions=(*request.interactions, actions))
             while True:
-                opened = await open_session(self.world, "run_session", spec.request, SessionAccepted)
+                opened = await open_session(self.world, "run_session", request, SessionAccepted)
                 if opened.stream is not None:
                     return opened.stream, opened.first
                 refusal = opened.first

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from deployments.config import AppConfig
-from deployments.jobs.content import ContentStore
+from deployments.jobs.content import DOWNLOADS, ContentStore
 from deployments.jobs.manager import JobManager, JobSettings
 from deployments.jobs.records import JobPage, JobRecord, JobSpec
 from deployments.jobs.runner import SessionRunner
@@ -38,6 +38,9 @@ class VideoJobs:
     async def create(self, spec: JobSpec) -> JobRecord:
         return self.jobs.create(spec)
 
+    async def remix(self, source_id: str, prompt: str) -> JobRecord:
+        return await self.jobs.remix(source_id, prompt)
+
     async def get(self, job_id: str) -> JobRecord:
         return self.jobs.get(job_id)
 
@@ -50,12 +53,12 @@ class VideoJobs:
     async def delete(self, job_id: str) -> None:
         await self.jobs.delete(job_id)
 
-    async def content_size(self, job_id: str) -> int:
-        return await self.jobs.content_size(job_id)
+    async def content_size(self, job_id: str, variant: str = "video") -> int:
+        return await self.jobs.content_size(job_id, DOWNLOADS[variant])
 
-    async def read_content(self, job_id: str) -> AsyncIterator[bytes]:
-        """The job's MP4 in chunks (a streaming call)."""
-        chunks = await self.jobs.read_content(job_id)
+    async def read_content(self, job_id: str, variant: str = "video") -> AsyncIterator[bytes]:
+        """The job's MP4 (or one of its previews) in chunks (a streaming call)."""
+        chunks = await self.jobs.read_content(job_id, DOWNLOADS[variant])
         while (data := await asyncio.to_thread(next, chunks, None)) is not None:
             yield data
 

@@ -22,6 +22,7 @@ from deployments.jobs.records import (
     JobError,
     JobPage,
     JobRecord,
+    Recipe,
     not_found,
 )
 
@@ -42,13 +43,18 @@ CREATE TABLE IF NOT EXISTS jobs (
     fps INTEGER NOT NULL,
     num_frames INTEGER NOT NULL,
     seed TEXT,  -- up to 2**63 - 1: kept as text so no driver rounds it
-    error TEXT  -- JSON {"code", "message"}
+    error TEXT,  -- JSON {"code", "message"}
+    remixed_from TEXT,
+    recipe TEXT  -- JSON Recipe: what a remix renders again
 );
 CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status);
 CREATE INDEX IF NOT EXISTS jobs_by_expiry ON jobs (expires_at);
 """
 
-_COLUMNS = "id, owner, status, progress, created_at, completed_at, expires_at, model, prompt, seconds, size, fps, num_frames, seed, error"
+# Columns added since the first release, with their types: a database made by an older server gains them.
+_ADDED_COLUMNS = {"remixed_from": "TEXT", "recipe": "TEXT"}
+_COLUMNS = ("id, owner, status, progress, created_at, completed_at, expires_at, model, prompt, seconds, size, fps, "
+            "num_frames, seed, error, remixed_from")
 _PLACEHOLDERS = ", ".join("?" for _ in _COLUMNS.split(", "))
 
 
@@ -62,13 +68,20 @@ class JobStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
+        present = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        for name, kind in _ADDED_COLUMNS.items():
+            if name not in present:
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         self._db.close()
 
     # -- writes ------------------------------------------------------------------------
-    def insert(self, record: JobRecord) -> None:
-        self._db.execute(f"INSERT INTO jobs ({_COLUMNS}) VALUES ({_PLACEHOLDERS})", _row(record))
+    def insert(self, record: JobRecord, recipe: Recipe | None = None) -> None:
+        self._db.execute(
+            f"INSERT INTO jobs ({_COLUMNS}, recipe) VALUES ({_PLACEHOLDERS}, ?)",
+            (*_row(record), None if recipe is None else recipe.to_json()),
+        )
 
     def update(self, job_id: str, owner: str, **fields) -> bool:
         """Set `fields` (progress, seed, status) on a job this owner still holds; False when it does not."""
@@ -115,6 +128,11 @@ class JobStore:
         row = self._db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None else _record(row)
 
+    def recipe(self, job_id: str) -> Recipe | None:
+        """What the job rendered (None for an unknown job, or one made by a server that kept no recipe)."""
+        row = self._db.execute("SELECT recipe FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None or row[0] is None else Recipe.from_json(row[0])
+
     def page(self, limit: int, after: str | None = None, order: str = "desc") -> JobPage:
         """`limit` jobs, newest first (`desc`) or oldest first (`asc`), after the job `after`; raises JobsError."""
         if order not in ("asc", "desc"):
@@ -149,15 +167,15 @@ def _error_json(error: JobError | None) -> str | None:
 def _row(r: JobRecord) -> tuple:
     seed = None if r.seed is None else str(r.seed)
     return (r.id, r.owner, r.status, r.progress, r.created_at, r.completed_at, r.expires_at, r.model, r.prompt,
-            r.seconds, r.size, r.fps, r.num_frames, seed, _error_json(r.error))
+            r.seconds, r.size, r.fps, r.num_frames, seed, _error_json(r.error), r.remixed_from_video_id)
 
 
 def _record(row: tuple) -> JobRecord:
     (job_id, owner, status, progress, created_at, completed_at, expires_at, model, prompt,
-     seconds, size, fps, num_frames, seed, error) = row
+     seconds, size, fps, num_frames, seed, error, remixed_from) = row
     error = None if error is None else JobError(**json.loads(error))
     return JobRecord(
         id=job_id, status=status, created_at=created_at, model=model, prompt=prompt, seconds=seconds, size=size,
         fps=fps, num_frames=num_frames, progress=progress, seed=None if seed is None else int(seed),
-        completed_at=completed_at, expires_at=expires_at, error=error, owner=owner,
+        completed_at=completed_at, expires_at=expires_at, error=error, owner=owner, remixed_from_video_id=remixed_from,
     )

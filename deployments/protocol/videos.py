@@ -262,6 +262,23 @@ def _frame_label(index: int, frames_per_block: int) -> str:
 
 
 # =====================================================================================
+# Remix
+# =====================================================================================
+def parse_remix(body: Any) -> str:
+    """A remix body's prompt (the one field it takes); raises ApiError."""
+    if not isinstance(body, dict):
+        raise invalid("The request body must be a JSON object (or a form)")
+    extra = sorted(set(body) - {"prompt"})
+    if extra:
+        raise invalid(f"{REQUEST_PREFIX}{extra[0]}: a remix takes only a prompt (it keeps every other setting of the video); "
+                      "create a new video to change the rest", param=extra[0])
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise invalid(f"{REQUEST_PREFIX}prompt: must be a non-blank string", param="prompt")
+    return prompt
+
+
+# =====================================================================================
 # List query
 # =====================================================================================
 @dataclass(frozen=True)
@@ -337,6 +354,7 @@ def video_object(record: JobRecord) -> dict:
         fps=record.fps,
         num_frames=record.num_frames,
         seed=record.seed,
+        remixed_from_video_id=record.remixed_from_video_id,
     ).model_dump(mode="json")
 
 

@@ -26,6 +26,9 @@ class SessionRequest:
     flow_shift: float | None = None
     image: np.ndarray | None = None
     pacing: PacingSettings | None = None  # release chunks on the media timeline (extra_params.pace_to_media_time)
+    # Submitted before block 0 starts, so they always apply from the first frame (a video job's action script);
+    # interactions sent through the mailbox land on whichever block starts after they arrive.
+    interactions: tuple[Interaction, ...] = ()
 
 
 # -- replica -> ingress (items of the session stream) ---------------------------------

@@ -148,12 +148,7 @@ class WorldModelServer:
                     playback = message.position_seconds
                     window.observe_playback(playback)
                 elif isinstance(message, Interact):
-                    try:
-                        await self.host.submit(sid, message.interaction)
-                        self.metrics.interaction("applied")
-                    except InteractionRefused as exc:
-                        self.metrics.interaction("failed")
-                        failures.append(InteractionFailed(message.interaction.event_id, str(exc)))
+                    failures.extend(await self._apply(sid, (message.interaction,)))
             if stop:
                 return _Step(None, failures, "stopped", playback)
             if delivery.lease_expired:
@@ -167,6 +162,18 @@ class WorldModelServer:
                 logger.warning("session %s: the client stopped taking chunks, dropping it", sid)
                 return _Step(None, failures, "client_too_slow", playback)
             wait_s = FLOW_POLL_S
+
+    async def _apply(self, sid: str, interactions) -> list[InteractionFailed]:
+        """Submit interactions to the session's engine; the refused ones, as failures to send."""
+        failures = []
+        for interaction in interactions:
+            try:
+                await self.host.submit(sid, interaction)
+                self.metrics.interaction("applied")
+            except InteractionRefused as exc:
+                self.metrics.interaction("failed")
+                failures.append(InteractionFailed(interaction.event_id, str(exc)))
+        return failures
 
     async def _timed_block(self, sid: str):
         began = time.perf_counter()
@@ -195,6 +202,8 @@ class WorldModelServer:
                 return
             self.metrics.session_start("accepted")
             yield SessionAccepted(sid, self.replica_id, seed, self.mailbox)
+            for failure in await self._apply(sid, request.interactions):
+                yield failure
 
             from deployments.media.fmp4 import AsyncFragmentEncoder
 
