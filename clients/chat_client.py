@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from clients.common import connect_kwargs, open_websocket
+from clients.common import WebSocketClient, connect_kwargs, open_websocket
 from clients.common import one_line as _one_line
 
 PATH = "/v1/video/chat/stream"
@@ -547,7 +547,7 @@ class AnswerStream:
 # =====================================================================================
 # The client
 # =====================================================================================
-class ChatStreamClient:
+class ChatStreamClient(WebSocketClient):
     """One WebSocket session of `/v1/video/chat/stream`.
 
     `connect()` (or `async with`), `configure(...)` first, then `send_frame`,
@@ -568,15 +568,10 @@ class ChatStreamClient:
         additional_headers: dict | None = None,
         on_event: Callable[[Event], None] | None = None,
     ) -> None:
-        self.url = chat_url(url)
-        self.open_timeout = open_timeout
+        options = connect_kwargs(open_timeout, max_size, ping_interval, ping_timeout, close_timeout, additional_headers)
+        super().__init__(chat_url(url), open_timeout, options, ChatResult(url=chat_url(url)))
         self.on_event = on_event
-        self._connect_kwargs = connect_kwargs(open_timeout, max_size, ping_interval, ping_timeout, close_timeout, additional_headers)
-        self._ws = None
-        self._t0: float | None = None
-        self._result = ChatResult(url=self.url)
         self._reader: asyncio.Task | None = None
-        self._finished = False
         self._changed: asyncio.Condition | None = None
         self._send_lock: asyncio.Lock | None = None
         self._query_lock: asyncio.Lock | None = None
@@ -595,41 +590,13 @@ class ChatStreamClient:
         return self
 
     async def close(self) -> None:
-        ws, self._ws = self._ws, None
-        if ws is not None:
-            try:
-                await ws.close()
-            except Exception:  # already gone
-                pass
-            self._note_close(ws)
+        await self._close_socket()
         if self._reader is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._reader), 5.0)
             except BaseException:  # timed out, or cancelled with us
                 self._reader.cancel()
         await self._finish()
-
-    async def __aenter__(self) -> "ChatStreamClient":
-        if self._ws is None:
-            await self.connect()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
-
-    @property
-    def connection(self):
-        """The underlying `websockets` connection (for tests that need raw access)."""
-        return self._ws
-
-    @property
-    def finished(self) -> bool:
-        """True once the session is over (session.done arrived, or the connection closed)."""
-        return self._finished
-
-    def elapsed(self) -> float:
-        """Seconds since the connection opened (0 before)."""
-        return 0.0 if self._t0 is None else time.perf_counter() - self._t0
 
     def result(self) -> ChatResult:
         return self._result
@@ -941,9 +908,3 @@ class ChatStreamClient:
         if self._changed is not None:
             async with self._changed:
                 self._changed.notify_all()
-
-    def _note_close(self, ws) -> None:
-        code = getattr(ws, "close_code", None)
-        if code is not None and self._result.close_code is None:
-            self._result.close_code = code
-            self._result.close_reason = getattr(ws, "close_reason", None) or None

@@ -1,9 +1,10 @@
-"""What every `rtv` client shares: one-line messages and opening a WebSocket with clear errors."""
+"""What every `rtv` client shares: one-line messages, opening a WebSocket with clear errors, a session's connection."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 API_KEY_ENV = "RTV_API_KEY"
 
@@ -51,3 +52,60 @@ async def open_websocket(url: str, open_timeout: float, connect_kwargs: dict, in
         if "Connect call failed" in reason:
             reason = "connection refused (is the server running?)"
         raise connection_error(f"cannot connect to {url}: {one_line(reason)}") from None
+
+
+class WebSocketClient:
+    """What both session clients share: the connection, its lifetime, its clock and how it closed.
+
+    Subclasses set `self._result` (anything with `close_code` and `close_reason`) and define `connect()`
+    and `close()`; `_t0` starts the clock `elapsed()` reads.
+    """
+
+    def __init__(self, url: str, open_timeout: float, connect_options: dict, result) -> None:
+        self.url = url
+        self.open_timeout = open_timeout
+        self._connect_kwargs = connect_options
+        self._result = result
+        self._ws = None
+        self._t0: float | None = None
+        self._finished = False
+
+    async def _close_socket(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            try:
+                await ws.close()
+            except Exception:  # already gone
+                pass
+            self._note_close(ws)
+
+    async def __aenter__(self):
+        if self._ws is None:
+            await self.connect()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    @property
+    def connection(self):
+        """The underlying `websockets` connection (for tests that need raw access)."""
+        return self._ws
+
+    @property
+    def finished(self) -> bool:
+        """True once the session is over (its last message arrived, or the connection closed)."""
+        return self._finished
+
+    def elapsed(self) -> float:
+        """Seconds on the session's clock (0 before it starts)."""
+        return 0.0 if self._t0 is None else time.perf_counter() - self._t0
+
+    def result(self):
+        return self._result
+
+    def _note_close(self, ws) -> None:
+        code = getattr(ws, "close_code", None)
+        if code is not None and self._result.close_code is None:
+            self._result.close_code = code
+            self._result.close_reason = getattr(ws, "close_reason", None) or None

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from clients.common import connect_kwargs, open_websocket
+from clients.common import WebSocketClient, connect_kwargs, open_websocket
 from deployments.protocol.keys import KEYS
 from deployments.protocol.timeline import (
     FRAMES_PER_BLOCK,
@@ -592,7 +592,7 @@ def _short(value: Any, limit: int = 160) -> str:
 # =====================================================================================
 # The client
 # =====================================================================================
-class VideoStreamClient:
+class VideoStreamClient(WebSocketClient):
     """One WebSocket session of `/v1/realtime/video`.
 
     Lifecycle: `connect()` (or `async with`), `start(...)` -> VideoStart, then
@@ -616,13 +616,8 @@ class VideoStreamClient:
         close_timeout: float = 5.0,
         additional_headers: dict | None = None,
     ) -> None:
-        self.url = video_url(url)
-        self.open_timeout = open_timeout
-        self._connect_kwargs = connect_kwargs(open_timeout, max_size, ping_interval, ping_timeout, close_timeout, additional_headers)
-        self._ws = None
-        self._t0: float | None = None
-        self._result = SessionResult(url=self.url)
-        self._finished = False
+        options = connect_kwargs(open_timeout, max_size, ping_interval, ping_timeout, close_timeout, additional_headers)
+        super().__init__(video_url(url), open_timeout, options, SessionResult(url=video_url(url)))
         self._last_binary_at: float | None = None
         self._pending: ChunkMetadata | None = None  # metadata waiting for its binary frame
         self._send_lock = asyncio.Lock()
@@ -633,30 +628,7 @@ class VideoStreamClient:
         return self
 
     async def close(self) -> None:
-        ws, self._ws = self._ws, None
-        if ws is not None:
-            try:
-                await ws.close()
-            except Exception:  # already gone
-                pass
-            self._note_close(ws)
-
-    async def __aenter__(self) -> "VideoStreamClient":
-        if self._ws is None:
-            await self.connect()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
-
-    @property
-    def connection(self):
-        """The underlying `websockets` connection (for tests that need raw access)."""
-        return self._ws
-
-    def elapsed(self) -> float:
-        """Seconds since session.start was sent (0 before)."""
-        return 0.0 if self._t0 is None else time.perf_counter() - self._t0
+        await self._close_socket()
 
     def result(self) -> SessionResult:
         return self._result
@@ -866,17 +838,6 @@ class VideoStreamClient:
         self._result.ended_at = self.elapsed()
         if self._ws is not None:
             self._note_close(self._ws)
-
-    def _note_close(self, ws) -> None:
-        code = getattr(ws, "close_code", None)
-        if code is not None and self._result.close_code is None:
-            self._result.close_code = code
-            self._result.close_reason = getattr(ws, "close_reason", None) or None
-
-    @property
-    def finished(self) -> bool:
-        """True once `session.done` arrived or the connection closed."""
-        return self._finished
 
     async def wait_closed(self, timeout: float = 5.0) -> None:
         """After session.done: wait for the server's close frame, noting its code."""
