@@ -173,7 +173,7 @@ def test_a_remix_renders_the_video_again_under_a_new_prompt(client, served):
     original = frames(source)
     # Same prompt: the same video again (seed, length and actions kept); another prompt: another video.
     assert np.abs(frames(same) - original).mean() < 1
-    assert np.abs(frames(night) - original).mean() > 1
+    assert np.abs(frames(night) - original).mean() > 0.5  # 2.7-3.1 seen (the tiny model, random seeds)
     with pytest.raises(openai.NotFoundError):
         client.videos.remix("video_" + "e" * 32, prompt="x")
     status, _, body = http("POST", f"{served.base}/v1/videos/{source.id}/remix", {"prompt": "x", "seed": 3})
