@@ -7,10 +7,17 @@ import pytest
 from PIL import Image
 
 from deployments.media.fmp4 import FragmentedMP4Encoder
-from deployments.media.previews import sprite_layout, tile, write_previews
+from deployments.media.previews import SpriteLayout, sprite_layout, write_previews
 from deployments.media.remux import remux_file
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def tile(sheet: np.ndarray, layout: SpriteLayout, slot: int) -> np.ndarray:
+    """The `slot`-th tile of a decoded spritesheet."""
+    row, column = divmod(slot, layout.columns)
+    top, left = row * layout.tile_height, column * layout.tile_width
+    return sheet[top:top + layout.tile_height, left:left + layout.tile_width]
 
 
 def flat_frames(count: int, width: int, height: int) -> np.ndarray:

@@ -13,8 +13,8 @@ new prompt. Pure asyncio, no Ray: the runner it is given does the serving.
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,6 +40,7 @@ from deployments.jobs.runner import JobFailed
 from deployments.jobs.store import JobStore
 from deployments.media.previews import write_previews
 from deployments.media.remux import remux_file
+from deployments.protocol.video import decode_image_bytes
 
 logger = logging.getLogger("ray.serve")
 
@@ -246,10 +247,8 @@ class JobManager:
 
     def _start_image(self, job_id: str) -> np.ndarray | None:
         data = self.content.read_all(job_id, START_IMAGE)
-        if data is None:
-            return None
-        with Image.open(io.BytesIO(data)) as image:
-            return np.asarray(image.convert("RGB"))
+        # Decoded as a start image from a request is: the same pixels the source job started from.
+        return None if data is None else decode_image_bytes(data, max_pixels=sys.maxsize)
 
     def _forget(self, job_id: str) -> None:
         """The job no longer runs here: drop it from the queue and wake whoever waits on it."""

@@ -6,12 +6,14 @@ OpenAI wire shape is built from them in `deployments/protocol/videos.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from deployments.generation.interactions import Interaction
 from deployments.world_model.messages import SessionRequest
 
 QUEUED = "queued"
@@ -22,6 +24,7 @@ ACTIVE = (QUEUED, IN_PROGRESS)
 FINISHED = (COMPLETED, FAILED)
 
 ID_PREFIX = "video_"
+ACTIONS_EVENT_ID = "actions"  # the event id of a job's action script
 
 
 def new_job_id() -> str:
@@ -43,6 +46,14 @@ class JobSpec:
     @property
     def num_blocks(self) -> int:
         return self.request.num_blocks or 1
+
+    def session_request(self) -> SessionRequest:
+        """The session a replica runs; the action script is submitted before block 0, so it plays from the
+        first frame and the same job renders the same video every time (a remix of it too)."""
+        if not self.actions:
+            return self.request
+        actions = Interaction(event_id=ACTIONS_EVENT_ID, actions=self.actions)
+        return dataclasses.replace(self.request, interactions=(*self.request.interactions, actions))
 
     def recipe(self) -> Recipe:
         request = self.request

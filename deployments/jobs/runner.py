@@ -9,7 +9,6 @@ Cancelling `run` cancels the stream, which frees the slot on the replica.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +16,6 @@ from pathlib import Path
 
 from ray.exceptions import RayActorError
 
-from deployments.generation.interactions import Interaction
 from deployments.jobs.records import JobSpec
 from deployments.protocol.errors import OVER_CAPACITY, REPLICA_LOST
 from deployments.sessions.opening import keep_lease, open_session
@@ -32,7 +30,6 @@ from deployments.world_model.messages import (
 
 logger = logging.getLogger("ray.serve")
 
-ACTIONS_EVENT_ID = "actions"
 FIRST_WAIT_S = 0.1
 LONGEST_WAIT_S = 1.0  # a refusal costs one small call: poll often, a slot may free any moment
 
@@ -98,12 +95,7 @@ class SessionRunner:
     async def _open(self, spec: JobSpec):
         async with self._turn:
             wait = FIRST_WAIT_S
-            request = spec.request
-            if spec.actions:
-                # Applied before block 0, the key sets play one per latent frame from the first frame on: the same
-                # job renders the same video every time (a remix of it too).
-                actions = Interaction(event_id=ACTIONS_EVENT_ID, actions=spec.actions)
-                request = dataclasses.replace(request, interactions=(*request.interactions, actions))
+            request = spec.session_request()
             while True:
                 opened = await open_session(self.world, "run_session", request, SessionAccepted)
                 if opened.stream is not None:

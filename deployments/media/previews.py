@@ -15,7 +15,6 @@ import os
 from dataclasses import dataclass
 
 import av
-import numpy as np
 from PIL import Image
 
 SPRITE_TILES = 16
@@ -48,8 +47,8 @@ def write_previews(video: str | os.PathLike, thumbnail: str | os.PathLike, sprit
     """Decode the MP4 at `video` once; write its thumbnail (WebP) and spritesheet (JPEG). Returns the sheet's layout."""
     with av.open(os.fspath(video)) as container:
         stream = container.streams.video[0]
-        total = stream.frames or _count_frames(video)
-        layout = sprite_layout(total, stream.codec_context.width, stream.codec_context.height)
+        # A progressive MP4 states its frame count (its sample table): the tiles are chosen before decoding.
+        layout = sprite_layout(stream.frames, stream.codec_context.width, stream.codec_context.height)
         wanted = set(layout.frames)
         tiles: dict[int, Image.Image] = {}
         for index, frame in enumerate(container.decode(stream)):
@@ -68,15 +67,3 @@ def write_previews(video: str | os.PathLike, thumbnail: str | os.PathLike, sprit
         sheet.paste(tile, ((slot % layout.columns) * layout.tile_width, (slot // layout.columns) * layout.tile_height))
     sheet.save(spritesheet, format="JPEG", quality=85)
     return layout
-
-
-def _count_frames(video: str | os.PathLike) -> int:
-    with av.open(os.fspath(video)) as container:
-        return sum(1 for _ in container.demux(container.streams.video[0]) if _.size)
-
-
-def tile(sheet: np.ndarray, layout: SpriteLayout, slot: int) -> np.ndarray:
-    """The `slot`-th tile of a decoded spritesheet (H, W, 3)."""
-    row, column = divmod(slot, layout.columns)
-    top, left = row * layout.tile_height, column * layout.tile_width
-    return sheet[top:top + layout.tile_height, left:left + layout.tile_width]
