@@ -99,6 +99,15 @@ COMMANDS: list[Command] = [
         epilog=ROLLOUT_EPILOG,
     ),
     Command(
+        name="train-world",
+        help="train the built-in world model on the procedural world (resumable; --smoke for a quick check)",
+        add_arguments=lambda parser: __import__("clients.train_world", fromlist=["add_arguments"]).add_arguments(parser),
+        run=lambda args: __import__("clients.train_world", fromlist=["main"]).main(args),
+        description="Render the procedural world, train the VAE, then the causal transformer with its camera adapter, "
+        "and write the weights in the layout `deployments/models/builtin_world_model.py` installs.",
+        epilog=__import__("clients.train_world", fromlist=["EPILOG"]).EPILOG,
+    ),
+    Command(
         name="generate",
         help="stream one session from a running server into an MP4 (+ JSON summary)",
         add_arguments=lambda parser: __import__("clients.generate", fromlist=["add_arguments"]).add_arguments(parser),

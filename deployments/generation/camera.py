@@ -117,13 +117,18 @@ class KeyMotion:
         return Pose(tuple(t.tolist()), tuple(rot.tolist()))
 
 
-def plucker_rays(poses: list[Pose], height: int, width: int, fov_degrees: float = 60.0) -> np.ndarray:
-    """Per-pixel Plücker coordinates (moment o x d, direction d) -> float32 (6, F, H, W)."""
+def pixel_directions(height: int, width: int, fov_degrees: float = 60.0) -> np.ndarray:
+    """Unit ray directions through each pixel's centre, in the camera frame: (H, W, 3)."""
     focal = 0.5 * width / math.tan(math.radians(fov_degrees) / 2)
     u = (np.arange(width) + 0.5 - width / 2) / focal
     v = -(np.arange(height) + 0.5 - height / 2) / focal  # image rows grow downwards, +Y is up
     dirs_cam = np.stack(np.broadcast_arrays(u[None, :], v[:, None], np.ones((height, 1))), axis=-1)
-    dirs_cam /= np.linalg.norm(dirs_cam, axis=-1, keepdims=True)
+    return dirs_cam / np.linalg.norm(dirs_cam, axis=-1, keepdims=True)
+
+
+def plucker_rays(poses: list[Pose], height: int, width: int, fov_degrees: float = 60.0) -> np.ndarray:
+    """Per-pixel Plücker coordinates (moment o x d, direction d) -> float32 (6, F, H, W)."""
+    dirs_cam = pixel_directions(height, width, fov_degrees)
     out = np.empty((6, len(poses), height, width), dtype=np.float32)
     for i, pose in enumerate(poses):
         d = dirs_cam @ quat_to_matrix(np.array(pose.rotation)).T

@@ -4,6 +4,11 @@ Each latent frame's camera pose becomes per-pixel Plücker rays (6 channels at
 pixel resolution), pixel-unshuffled to latent resolution and projected by a
 patch-sized convolution to the transformer's inner dimension, so the result
 lines up token for token with the patch embedding it is added to.
+
+With `rest_relative`, the adapter sees the rays minus those of a camera at
+rest (times `gain`): a block's motion is a few degrees or a tenth of a unit,
+a small change on rays of length one, and a model trained on the raw rays
+learned to ignore it (the built-in model, 500 steps in: no pan at all).
 """
 
 from __future__ import annotations
@@ -28,17 +33,32 @@ class CameraAdapter(ModelMixin, ConfigMixin):
         patch_size: tuple[int, int, int] = (1, 2, 2),
         plucker_channels: int = 6,
         hidden_dim: int | None = None,
+        rest_relative: bool = False,
+        gain: float = 1.0,
+        fov_degrees: float = 60.0,
     ) -> None:
         super().__init__()
+        self._rest: dict[tuple, torch.Tensor] = {}
         unshuffled = plucker_channels * spatial_factor * spatial_factor
         hidden = hidden_dim or inner_dim
         self.proj_in = nn.Conv3d(unshuffled, hidden, kernel_size=tuple(patch_size), stride=tuple(patch_size))
         self.act = nn.SiLU()
         self.proj_out = nn.Linear(hidden, inner_dim)
 
+    def _rest_rays(self, h: int, w: int, like: torch.Tensor) -> torch.Tensor:
+        key = (h, w, like.device, like.dtype)
+        if key not in self._rest:
+            from deployments.generation.camera import Pose, plucker_rays
+
+            rays = torch.from_numpy(plucker_rays([Pose()], h, w, self.config.fov_degrees))
+            self._rest[key] = rays[None].to(like.device, like.dtype)  # (1, 6, 1, H, W)
+        return self._rest[key]
+
     def forward(self, plucker: torch.Tensor) -> torch.Tensor:
         b, c, f, h, w = plucker.shape
         s = self.config.spatial_factor
+        if self.config.rest_relative:
+            plucker = (plucker - self._rest_rays(h, w, plucker)) * self.config.gain
         # pixel_unshuffle works on 4-D tensors: fold frames into the batch.
         x = plucker.permute(0, 2, 1, 3, 4).reshape(b * f, c, h, w)
         x = F.pixel_unshuffle(x, s)

@@ -12,11 +12,32 @@ from collections.abc import Mapping
 import torch
 
 
+def prompt_states(tokenizer, text_encoder, prompts: list[str], max_length: int) -> torch.Tensor:
+    """(N, max_length, dim): each prompt's states, zero past its last token (as Wan pads).
+
+    No `no_grad` here: training the text encoder goes through this same function.
+    """
+    inputs = tokenizer(
+        [p.strip() for p in prompts],
+        padding="max_length",
+        max_length=max_length,
+        truncation=True,
+        add_special_tokens=True,
+        return_attention_mask=True,
+        return_tensors="pt",
+    )
+    device = text_encoder.device
+    mask = inputs.attention_mask.to(device)
+    states = text_encoder(inputs.input_ids.to(device), mask).last_hidden_state
+    return states * mask.unsqueeze(-1).to(states.dtype)
+
+
 class PromptEncoder:
-    def __init__(self, tokenizer, text_encoder, max_length: int = 512, cache_size: int = 32) -> None:
+    def __init__(self, tokenizer, text_encoder, max_length: int | None = None, cache_size: int = 32) -> None:
         self.tokenizer = tokenizer
         self.text_encoder = text_encoder
-        self.max_length = max_length
+        # Wan's text length is 512; a checkpoint whose tokenizer says less (the built-in one) uses that.
+        self.max_length = max_length or min(512, int(getattr(tokenizer, "model_max_length", 512) or 512))
         self.cache_size = cache_size
         self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
 
@@ -27,20 +48,7 @@ class PromptEncoder:
         if cached is not None:
             self._cache.move_to_end(prompt)
             return cached
-        inputs = self.tokenizer(
-            [prompt.strip()],
-            padding="max_length",
-            max_length=self.max_length,
-            truncation=True,
-            add_special_tokens=True,
-            return_attention_mask=True,
-            return_tensors="pt",
-        )
-        device = self.text_encoder.device
-        mask = inputs.attention_mask.to(device)
-        states = self.text_encoder(inputs.input_ids.to(device), mask).last_hidden_state
-        length = int(mask.sum())
-        states = torch.cat([states[:, :length], states.new_zeros(1, self.max_length - length, states.shape[-1])], dim=1)
+        states = prompt_states(self.tokenizer, self.text_encoder, [prompt], self.max_length)
         self._cache[prompt] = states
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)

@@ -53,10 +53,50 @@ class WorldModelSpec:
     vae_base_dim: int = 3
     vae_dim_mult: tuple[int, ...] = (1, 1, 1, 1)
     vae_num_res_blocks: int = 1
+    # Which of the VAE's downsamples also halve time (one fewer than dim_mult); Wan's own: (False, True, True).
+    vae_temporal_downsample: tuple[bool, ...] = (False, True, True)
+    vae_latents_mean: tuple[float, ...] | None = None  # None: Wan2.1's statistics (diffusers' defaults)
+    vae_latents_std: tuple[float, ...] | None = None
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    text_max_length: int = 512  # the tokenizer's model_max_length: text states per prompt
+    camera_rest_relative: bool = False  # the adapter sees motion relative to a camera at rest (see CameraAdapter)
+    camera_gain: float = 1.0
 
     @property
     def inner_dim(self) -> int:
         return self.num_attention_heads * self.attention_head_dim
+
+    @property
+    def latent_channels(self) -> int:
+        return 16
+
+    @property
+    def in_channels(self) -> int:
+        # Wan image-to-video: noise latent + 4 mask channels + image latent.
+        z = self.latent_channels
+        return z + (4 + z if self.image_conditioned else 0)
+
+
+def make_vae(spec: WorldModelSpec):
+    """The spec's video VAE with fresh weights (the training of the built-in model starts from this too)."""
+    from diffusers import AutoencoderKLWan
+
+    downsamples = len(spec.vae_dim_mult) - 1
+    if len(spec.vae_temporal_downsample) != downsamples:
+        raise ValueError("vae_temporal_downsample needs one entry per downsample (len(vae_dim_mult) - 1)")
+    stats = {}
+    if spec.vae_latents_mean is not None:
+        stats = {"latents_mean": list(spec.vae_latents_mean), "latents_std": list(spec.vae_latents_std)}
+    return AutoencoderKLWan(
+        base_dim=spec.vae_base_dim,
+        z_dim=spec.latent_channels,
+        dim_mult=list(spec.vae_dim_mult),
+        num_res_blocks=spec.vae_num_res_blocks,
+        temperal_downsample=list(spec.vae_temporal_downsample),
+        scale_factor_temporal=2 ** sum(spec.vae_temporal_downsample),
+        scale_factor_spatial=2**downsamples,
+        **stats,
+    )
 
 
 def make_world_model(out_dir: str | os.PathLike, spec: WorldModelSpec = WorldModelSpec(), seed: int = 0) -> Path:
@@ -73,15 +113,16 @@ def build_world_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     readme: str = README,
+    weights: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> dict[str, int]:
     """Write the checkpoint; returns each component's parameter count.
 
     Weights are made on `device` (a GPU makes a billion random weights in well under a second) and
     saved in `dtype`, except the VAE, saved in float32 as Wan ships it, and the modules diffusers
-    keeps in float32.
+    keeps in float32. `weights` replaces the random ones of the components it names (`transformer`,
+    `vae`, `text_encoder`, `camera_adapter`) with trained state dicts, loaded strictly.
     """
     from diffusers import (
-        AutoencoderKLWan,
         FlowMatchEulerDiscreteScheduler,
         WanImageToVideoPipeline,
         WanPipeline,
@@ -95,9 +136,9 @@ def build_world_model(
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
 
-    build_byte_tokenizer(out / "tokenizer")
+    build_byte_tokenizer(out / "tokenizer", model_max_length=spec.text_max_length)
     tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer")
-    z_dim = 16
+    z_dim = spec.latent_channels
     with torch.device(device):
         text_encoder = UMT5EncoderModel(
             UMT5Config(
@@ -115,10 +156,10 @@ def build_world_model(
             )
         ).eval()
         transformer = WanTransformer3DModel(
-            patch_size=(1, 2, 2),
+            patch_size=tuple(spec.patch_size),
             num_attention_heads=spec.num_attention_heads,
             attention_head_dim=spec.attention_head_dim,
-            in_channels=z_dim + (4 + z_dim if spec.image_conditioned else 0),
+            in_channels=spec.in_channels,
             out_channels=z_dim,
             text_dim=spec.text_dim,
             freq_dim=spec.freq_dim,
@@ -133,13 +174,11 @@ def build_world_model(
             sink_size=spec.sink_size,
             sliding_window_num_frames=spec.sliding_window_num_frames,
         )
-        vae = AutoencoderKLWan(
-            base_dim=spec.vae_base_dim,
-            z_dim=z_dim,
-            dim_mult=list(spec.vae_dim_mult),
-            num_res_blocks=spec.vae_num_res_blocks,
-            temperal_downsample=[False, True, True],
-        ).eval()
+        vae = make_vae(spec).eval()
+    trained = weights or {}
+    for name, module in (("transformer", transformer), ("vae", vae), ("text_encoder", text_encoder)):
+        if name in trained:
+            module.load_state_dict(trained[name], strict=True)
     counts = {"transformer": _parameters(transformer), "vae": _parameters(vae), "text_encoder": _parameters(text_encoder)}
     _cast(transformer, dtype)
     _cast(text_encoder, dtype)
@@ -153,7 +192,14 @@ def build_world_model(
     counts["camera_adapter"] = 0
     if spec.camera_adapter:
         with torch.device(device):
-            adapter = CameraAdapter(inner_dim=spec.inner_dim, spatial_factor=vae.config.scale_factor_spatial, patch_size=(1, 2, 2))
+            adapter = CameraAdapter(
+                inner_dim=spec.inner_dim,
+                spatial_factor=vae.config.scale_factor_spatial,
+                patch_size=tuple(spec.patch_size),
+                **({"rest_relative": True, "gain": spec.camera_gain} if spec.camera_rest_relative else {}),
+            )
+        if "camera_adapter" in trained:
+            adapter.load_state_dict(trained["camera_adapter"], strict=True)
         counts["camera_adapter"] = _parameters(adapter)
         _cast(adapter, dtype)
         adapter.save_pretrained(out / "camera_adapter", safe_serialization=True)

@@ -1,0 +1,65 @@
+"""`rtv train-world`: train the built-in world model on the procedural world (see deployments/training/)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_OUT = "deployments/models/weights/world"
+EPILOG = """\
+stages (each skips what WORK already holds, so a stopped run resumes):
+  render  trajectories of the procedural world   WORK/data/
+  vae     the video VAE (AutoencoderKLWan)        WORK/vae/
+  encode  trajectories to latents                 WORK/latents.pt
+  world   transformer + camera adapter + text     WORK/transformer/
+  export  fp16 weights as shipped                 OUT/
+
+The shipped weights were made by `rtv train-world` with the defaults (seed 0)
+on a 2-core CPU. --smoke runs a few steps of every stage (what CI checks).
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("out", metavar="OUT", nargs="?", default=DEFAULT_OUT, help=f"folder for the trained weights (default: {DEFAULT_OUT})")
+    parser.add_argument("--work", default="out/train-world", help="folder for data, checkpoints and train.log (default: out/train-world)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data and of training (default: 0)")
+    parser.add_argument("--trajectories", type=int, help="trajectories to render (default: 960; the VAE trains on the first 480)")
+    parser.add_argument("--vae-steps", type=int, help="VAE training steps of each phase (default: 900 on short clips, then 400 on long ones)")
+    parser.add_argument("--steps", type=int, help="transformer training steps (default: 1600)")
+    parser.add_argument("--workers", type=int, help="rendering processes (default: 2)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: 2)")
+    parser.add_argument("--stages", help="comma-separated stages to run (default: all)")
+    parser.add_argument("--smoke", action="store_true", help="a few steps of every stage, on a small data set")
+
+
+def main(args: argparse.Namespace) -> int:
+    import sys
+    from dataclasses import replace
+
+    from clients.rollout import quiet_libraries
+
+    quiet_libraries()
+    from deployments.training.train_world import STAGES, WorldTraining, run
+
+    config = WorldTraining()
+    if args.smoke:
+        config = config.smoke()
+    for name, value in (("trajectories", args.trajectories), ("workers", args.workers), ("threads", args.threads)):
+        if value is not None:
+            if value < 1:
+                print(f"rtv train-world: --{name} must be at least 1", file=sys.stderr)
+                return 2
+            config = replace(config, **{name: value})
+    if args.vae_steps is not None:
+        config = replace(config, vae=config.vae.scaled(steps=args.vae_steps))
+    if args.steps is not None:
+        config = replace(config, transformer=replace(config.transformer, steps=args.steps))
+    stages = None
+    if args.stages:
+        stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
+        unknown = [s for s in stages if s not in STAGES]
+        if unknown:
+            print(f"rtv train-world: unknown stage {unknown[0]!r}; stages are {', '.join(STAGES)}", file=sys.stderr)
+            return 2
+    run(Path(args.work), Path(args.out), config, seed=args.seed, stages=stages)
+    return 0

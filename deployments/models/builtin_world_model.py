@@ -1,0 +1,99 @@
+"""The built-in world model: trained by `rtv train-world` on the procedural world, shipped as weights.
+
+`BUILTIN_SPEC` is its architecture; `deployments/models/weights/world/` holds
+its trained weights (fp16 safetensors) and the VAE's latent statistics.
+`install_builtin_world_models` writes the text-to-video and image-to-video
+checkpoint folders from them, in the same diffusers layout as every other
+world model, through the same builder as the random-weight ones.
+
+One image-to-video transformer is trained (half its samples carry no start
+image, so their 20 condition channels are zero); the text-to-video model is
+the same weights without those input channels, which then contribute nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from deployments.models.tiny_world_model import WorldModelSpec, build_world_model
+
+WEIGHTS_DIR = Path(__file__).parent / "weights" / "world"
+COMPONENTS = ("transformer", "vae", "text_encoder", "camera_adapter")
+
+BUILTIN_SPEC = WorldModelSpec(
+    image_conditioned=True,
+    num_layers=4,
+    num_attention_heads=4,
+    attention_head_dim=48,
+    ffn_dim=512,
+    freq_dim=64,
+    patch_size=(1, 4, 4),
+    flow_shift=3.0,
+    vae_base_dim=16,
+    vae_dim_mult=(1, 2, 4),
+    vae_temporal_downsample=(True, True),
+    vae_num_res_blocks=1,
+    text_max_length=96,
+    camera_rest_relative=True,
+    camera_gain=5.0,
+)
+
+README = """# Built-in world model (trained)
+
+Trained by `rtv train-world` on the project's procedural world
+(`deployments/training/world.py`): a camera over a textured ground with
+landmarks, biomes chosen by the prompt (meadow, desert, snow, shore, forest,
+lava, city). Keys move the camera (w/s forward/back, a/d strafe, j/l yaw,
+i/k pitch); prompts pick the biome. 64x64, 16 fps.
+"""
+
+
+def weights_available(weights_dir: str | os.PathLike = WEIGHTS_DIR) -> bool:
+    root = Path(weights_dir)
+    return all((root / f"{name}.safetensors").is_file() for name in COMPONENTS) and (root / "spec.json").is_file()
+
+
+def text_to_video_transformer(state: dict[str, torch.Tensor], latent_channels: int) -> dict[str, torch.Tensor]:
+    """The image-to-video transformer's weights without its condition input channels."""
+    out = dict(state)
+    out["patch_embedding.weight"] = state["patch_embedding.weight"][:, :latent_channels].contiguous()
+    return out
+
+
+def load_shipped(weights_dir: str | os.PathLike = WEIGHTS_DIR) -> tuple[WorldModelSpec, dict[str, dict[str, torch.Tensor]]]:
+    from safetensors.torch import load_file
+
+    root = Path(weights_dir)
+    extra = json.loads((root / "spec.json").read_text())
+    spec = replace(BUILTIN_SPEC, vae_latents_mean=tuple(extra["vae_latents_mean"]), vae_latents_std=tuple(extra["vae_latents_std"]))
+    weights = {name: {k: v.float() for k, v in load_file(root / f"{name}.safetensors").items()} for name in COMPONENTS}
+    return spec, weights
+
+
+def save_shipped(weights: dict[str, dict[str, torch.Tensor]], latents_mean: list[float], latents_std: list[float], weights_dir: str | os.PathLike = WEIGHTS_DIR) -> Path:
+    """Write trained state dicts as the shipped fp16 files (the VAE's too: its outputs are 8-bit frames)."""
+    from safetensors.torch import save_file
+
+    root = Path(weights_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    for name in COMPONENTS:
+        save_file({k: v.detach().to(torch.float16).contiguous() for k, v in weights[name].items()}, root / f"{name}.safetensors")
+    (root / "spec.json").write_text(json.dumps({"vae_latents_mean": latents_mean, "vae_latents_std": latents_std}, indent=2) + "\n")
+    return root
+
+
+def install_builtin_world_models(out_root: str | os.PathLike, weights_dir: str | os.PathLike = WEIGHTS_DIR) -> dict[str, Path]:
+    """Write `world-model` (text-to-video) and `world-model-i2v` under `out_root` from the shipped weights."""
+    spec, weights = load_shipped(weights_dir)
+    out = Path(out_root)
+    i2v = out / "world-model-i2v"
+    build_world_model(i2v, spec, readme=README, weights=weights)
+    t2v_weights = dict(weights, transformer=text_to_video_transformer(weights["transformer"], spec.latent_channels))
+    t2v = out / "world-model"
+    build_world_model(t2v, replace(spec, image_conditioned=False), readme=README, weights=t2v_weights)
+    return {"world-model": t2v, "world-model-i2v": i2v}

@@ -1,0 +1,142 @@
+"""`rtv train-world`: the built-in world model from scratch, stage by stage, resumable.
+
+    render   trajectories of the procedural world        WORK/data/traj_*.npz
+    vae      AutoencoderKLWan on their frames             WORK/vae/
+    encode   every trajectory to normalized latents       WORK/latents.pt
+    world    transformer + camera adapter + text encoder  WORK/transformer/checkpoint.pt
+    export   fp16 weights in the shipped layout           OUT/*.safetensors + OUT/spec.json
+
+Each stage skips work whose output is already there, so a run that was
+stopped goes on where it was. Everything is seeded: the same seed and sizes
+give the same data and the same training run (bit for bit with the same
+torch build and thread count).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from deployments.models.builtin_world_model import BUILTIN_SPEC, save_shipped
+from deployments.training.dataset import list_trajectories, load_trajectory, render_dataset
+from deployments.training.transformer_training import TeacherForcing, TransformerTraining, train_transformer
+from deployments.training.vae_training import VAETraining, encode_video, train_vae, vae_trained
+
+
+STAGES = ("render", "vae", "encode", "world", "export")
+
+
+@dataclass(frozen=True)
+class WorldTraining:
+    trajectories: int = 960
+    vae_trajectories: int = 480  # the VAE trains on the first ones (at the origin); they hold every biome and pattern
+    blocks: int = 8  # per trajectory
+    height: int = 64
+    width: int = 64
+    workers: int = 2
+    threads: int = 2
+    vae: VAETraining = field(default_factory=VAETraining)
+    transformer: TransformerTraining = field(default_factory=TransformerTraining)
+
+    def smoke(self) -> "WorldTraining":
+        """A few steps of everything: what CI runs."""
+        return replace(self, trajectories=6, vae_trajectories=6, blocks=7, workers=1,
+                       vae=replace(self.vae.scaled(steps=2, batch=2), held_out=2,
+                                   stream=replace(self.vae.stream, steps=2, batch=2, prefix_chunks=(3,))),
+                       transformer=replace(self.transformer, steps=2, batch=2))
+
+
+def _logger(path: Path, echo: Callable[[str], None] = print) -> Callable[[dict], None]:
+    def log(record: dict) -> None:
+        line = json.dumps(record)
+        with open(path, "a") as f:
+            f.write(line + "\n")
+        echo(line)
+
+    return log
+
+
+def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining(), *, seed: int = 0, stages: tuple[str, ...] | None = None) -> dict:
+    work, out = Path(work), Path(out)
+    work.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(config.threads)
+    log = _logger(work / "train.log")
+    wanted = set(stages or STAGES)
+    report: dict = {}
+
+    if "render" in wanted:
+        t = time.time()
+        render_dataset(work / "data", config.trajectories, config.blocks, seed=seed, height=config.height, width=config.width, workers=config.workers)
+        log({"stage": "render", "trajectories": config.trajectories, "seconds": round(time.time() - t, 1)})
+    paths = list_trajectories(work / "data")[: config.trajectories]
+
+    vae_dir = work / "vae"
+    if "vae" in wanted and not vae_trained(vae_dir, config.vae):
+        videos = [load_trajectory(p).frames for p in paths[: config.vae_trajectories]]
+        report["vae"] = train_vae(videos, vae_dir, BUILTIN_SPEC, config.vae, seed=seed, log=log)
+
+    latents_file = work / "latents.pt"
+    if "encode" in wanted and not latents_file.is_file():
+        from diffusers import AutoencoderKLWan
+
+        from deployments.generation.vae_stream import LatentNormalizer
+
+        vae = AutoencoderKLWan.from_pretrained(vae_dir).eval()
+        normalizer = LatentNormalizer(vae)
+        t = time.time()
+        latents, mixes, poses = [], [], []
+        for p in paths:
+            traj = load_trajectory(p)
+            latents.append(normalizer.to_normalized(encode_video(vae, traj.frames)[None])[0].half())
+            mixes.append(traj.prompt_mixes)
+            poses.append(traj.relative_poses)
+        torch.save({"latents": latents, "mixes": mixes, "poses": [[[(q.translation, q.rotation) for q in b] for b in t_] for t_ in poses]}, latents_file)
+        log({"stage": "encode", "trajectories": len(paths), "seconds": round(time.time() - t, 1)})
+
+    if "world" in wanted or "export" in wanted:
+        trainer, vae_config = _trainer(work, vae_dir, config, seed)
+        if "world" in wanted:
+            from deployments.generation.camera import Pose
+
+            data = torch.load(latents_file, weights_only=False)
+            poses = [[tuple(Pose(tuple(t), tuple(r)) for t, r in b) for b in traj] for traj in data["poses"]]
+            report["transformer"] = train_transformer(trainer, data["latents"], data["mixes"], poses, work / "transformer", seed=seed, log=log)
+        if "export" in wanted:
+            state = torch.load(work / "transformer" / "checkpoint.pt", weights_only=False)
+            from diffusers import AutoencoderKLWan
+
+            vae = AutoencoderKLWan.from_pretrained(vae_dir)
+            weights = {"transformer": state["transformer"], "camera_adapter": state["camera_adapter"],
+                       "text_encoder": state["text_encoder"], "vae": vae.state_dict()}
+            save_shipped(weights, list(vae_config["latents_mean"]), list(vae_config["latents_std"]), out)
+            log({"stage": "export", "out": str(out), "bytes": sum(f.stat().st_size for f in out.glob("*.safetensors"))})
+    return report
+
+
+def _trainer(work: Path, vae_dir: Path, config: WorldTraining, seed: int):
+    """The models to train, initialized by the same builder (and seed) as the random-weight checkpoints."""
+    from diffusers import WanTransformer3DModel
+    from transformers import AutoTokenizer, UMT5EncoderModel
+
+    from deployments.generation.camera_adapter import CameraAdapter
+    from deployments.models.tiny_world_model import build_world_model
+
+    init = work / "init"
+    if not (init / "transformer" / "config.json").is_file():
+        build_world_model(init, BUILTIN_SPEC, seed=seed)
+    transformer = WanTransformer3DModel.from_pretrained(init, subfolder="transformer").train()
+    adapter = CameraAdapter.from_pretrained(init, subfolder="camera_adapter").train()
+    text_encoder = UMT5EncoderModel.from_pretrained(init / "text_encoder").eval()  # no dropout; gradients still flow
+    tokenizer = AutoTokenizer.from_pretrained(init / "tokenizer")
+    vae_config = json.loads((vae_dir / "config.json").read_text())
+    trainer = TeacherForcing(
+        transformer, adapter, text_encoder, tokenizer,
+        height=config.height, width=config.width, frames_per_block=BUILTIN_SPEC.num_frames_per_block,
+        shift=BUILTIN_SPEC.flow_shift, config=config.transformer,
+    )
+    return trainer, vae_config

@@ -1,0 +1,292 @@
+"""Stage 2: the causal transformer (stock `WanTransformer3DModel` + camera adapter), by teacher forcing.
+
+One training sequence is a run of blocks of one trajectory's latents, twice
+over: first every block clean, then every block noised to its own level.
+A block-causal mask lets clean block i see clean blocks <= i (what the
+engine's commit forward sees), and noisy block i see clean blocks < i and
+itself (what a denoising step sees); both copies of a block take the same
+frame positions, the same camera tokens and the same text. So one forward
+trains the denoising of every block of the run, each given the clean blocks
+before it, exactly as the engine's KV cache presents them: the sequences
+start at the trajectory's first block (the engine's sink) and either go on
+without a gap or jump to a later run, as the rolling window does once it
+slides (the engine numbers cached frames from 0 in cache order, and so do
+these sequences).
+
+The loss is flow matching's velocity (noise - x0) at the sigmas of the
+engine's own few-step schedule (`denoising_sigmas` with the checkpoint's
+shift), plus some at random sigmas. Context latents are sometimes slightly
+noised (still at t = 0), so the model tolerates its own imperfect blocks in
+the cache. Half the samples carry the start image (image-to-video), half
+none (text-to-video; see `builtin_world_model`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deployments.generation.attention import apply_rotary
+from deployments.generation.camera import plucker_rays
+from deployments.generation.schedule import denoising_sigmas
+from deployments.generation.text import prompt_states
+from deployments.training.lr_schedule import warmup_cosine
+
+
+@dataclass(frozen=True)
+class TransformerTraining:
+    blocks: int = 6  # per sequence: the sink block + up to 5 more (the engine's sink 3 + window 12 + block 3)
+    batch: int = 8
+    steps: int = 1600
+    lr: float = 1e-3
+    min_lr: float = 5e-5
+    warmup: int = 50
+    weight_decay: float = 0.01
+    image_fraction: float = 0.5
+    schedule_fraction: float = 0.8  # noisy blocks at the engine's own sigmas; the rest uniform
+    context_noise: float = 0.05
+    context_noise_fraction: float = 0.5
+    gap_fraction: float = 0.4  # sequences whose later blocks jump ahead, as after the window slides
+
+
+class _Binding:
+    """What the training processors read during one forward."""
+
+    mask: torch.Tensor | None = None  # (S, S) bool, True = may attend
+    blocks: int = 0  # text conditions per sample (one per block)
+
+
+class MaskedSelfAttention:
+    def __init__(self, head_dim: int, binding: _Binding) -> None:
+        self.head_dim, self.binding = head_dim, binding
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+        q = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (-1, self.head_dim))
+        k = attn.norm_k(attn.to_k(hidden_states)).unflatten(2, (-1, self.head_dim))
+        v = attn.to_v(hidden_states).unflatten(2, (-1, self.head_dim))
+        cos, sin = rotary_emb
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=self.binding.mask)
+        out = out.transpose(1, 2).flatten(2, 3).type_as(q)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
+class PerBlockTextAttention:
+    """Cross-attention where each block's tokens (clean and noisy copy) see that block's own text."""
+
+    def __init__(self, head_dim: int, binding: _Binding) -> None:
+        self.head_dim, self.binding = head_dim, binding
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+        n = self.binding.blocks
+        b, s, _ = hidden_states.shape
+        q = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (-1, self.head_dim))
+        q = q.reshape(b * 2 * n, s // (2 * n), -1, self.head_dim)  # segments: clean blocks, then noisy blocks
+        k = attn.norm_k(attn.to_k(encoder_hidden_states)).unflatten(2, (-1, self.head_dim))
+        v = attn.to_v(encoder_hidden_states).unflatten(2, (-1, self.head_dim))
+
+        def per_segment(x):  # (b * n, L, H, D) -> (b * 2n, L, H, D), the clean and the noisy copy
+            x = x.reshape(b, 1, n, *x.shape[1:]).expand(b, 2, n, *x.shape[1:])
+            return x.reshape(b * 2 * n, *x.shape[3:])
+
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), per_segment(k).transpose(1, 2), per_segment(v).transpose(1, 2))
+        out = out.transpose(1, 2).reshape(b, s, -1).type_as(q)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
+class _TwiceRope(nn.Module):
+    """Frame positions 0..F-1 for the clean half and again for the noisy half."""
+
+    def __init__(self, rope: nn.Module) -> None:
+        super().__init__()
+        self.inner = rope
+
+    def forward(self, hidden_states):
+        b, c, f, h, w = hidden_states.shape
+        cos, sin = self.inner(hidden_states[:, :, : f // 2])
+        return torch.cat([cos, cos], dim=1), torch.cat([sin, sin], dim=1)
+
+
+def block_causal_mask(blocks: int, tokens_per_block: int) -> torch.Tensor:
+    """(2 * blocks * tokens, same) bool: clean i sees clean <= i; noisy i sees clean < i and itself."""
+    ids = torch.arange(blocks).repeat_interleave(tokens_per_block)
+    qi, ki = ids[:, None], ids[None, :]
+    clean_clean = ki <= qi
+    noisy_clean = ki < qi
+    noisy_noisy = ki == qi
+    none = torch.zeros_like(clean_clean)
+    return torch.cat([torch.cat([clean_clean, none], 1), torch.cat([noisy_clean, noisy_noisy], 1)], 0)
+
+
+@dataclass
+class Sample:
+    latents: torch.Tensor  # normalized (z, blocks * fpb, h, w)
+    mixes: list[tuple[tuple[str, float], ...]]  # per block
+    poses: list  # per block: relative poses
+    image: bool  # carries the start image (its first latent frame)
+
+
+def sequence_blocks(rng: np.random.Generator, available: int, blocks: int, gap_fraction: float) -> list[int]:
+    """Block indices of one training sequence: the first block, then a run (with a jump now and then)."""
+    if available > blocks and rng.random() < gap_fraction:
+        start = int(rng.integers(2, available - blocks + 2))
+        return [0] + list(range(start, start + blocks - 1))
+    return list(range(min(blocks, available)))
+
+
+class TeacherForcing:
+    """Holds the models being trained and computes the loss of a batch of samples."""
+
+    def __init__(self, transformer, camera_adapter, text_encoder, tokenizer, *, height: int, width: int, frames_per_block: int, shift: float, config: TransformerTraining) -> None:
+        from deployments.generation.text import PromptEncoder
+
+        self.transformer, self.camera_adapter, self.text_encoder, self.tokenizer = transformer, camera_adapter, text_encoder, tokenizer
+        self.height, self.width, self.fpb, self.config = height, width, frames_per_block, config
+        self.max_length = PromptEncoder(tokenizer, text_encoder).max_length
+        self.sigmas = denoising_sigmas(4, shift)
+        self.shift = shift
+        self.binding = _Binding()
+        head_dim = transformer.config.attention_head_dim
+        processors = {}
+        for name in transformer.attn_processors:
+            processors[name] = (MaskedSelfAttention if ".attn1." in name else PerBlockTextAttention)(head_dim, self.binding)
+        transformer.set_attn_processor(processors)
+        transformer.rope = _TwiceRope(transformer.rope)
+        self._camera = None
+        transformer.patch_embedding.register_forward_hook(lambda m, a, out: out if self._camera is None else out + self._camera)
+        self._masks: dict[tuple, torch.Tensor] = {}
+
+    def parameters(self):
+        for module in (self.transformer, self.camera_adapter, self.text_encoder):
+            yield from module.parameters()
+
+    def _text(self, samples: list[Sample]) -> torch.Tensor:
+        prompts = sorted({p for s in samples for mix in s.mixes for p, _ in mix})
+        states = prompt_states(self.tokenizer, self.text_encoder, prompts, self.max_length)
+        index = {p: i for i, p in enumerate(prompts)}
+        return torch.stack([sum(w * states[index[p]] for p, w in mix) for s in samples for mix in s.mixes])
+
+    def _camera_tokens(self, samples: list[Sample], blocks: int) -> torch.Tensor:
+        rays = np.stack([plucker_rays(list(poses), self.height, self.width) for s in samples for poses in s.poses])
+        tokens = self.camera_adapter(torch.from_numpy(rays))  # (B * n, dim, fpb, hp, wp)
+        d, f, hp, wp = tokens.shape[1:]
+        tokens = tokens.reshape(len(samples), blocks, d, f, hp, wp).permute(0, 2, 1, 3, 4, 5).reshape(len(samples), d, blocks * f, hp, wp)
+        return torch.cat([tokens, tokens], dim=2)
+
+    def loss(self, samples: list[Sample], rng: np.random.Generator, generator: torch.Generator) -> torch.Tensor:
+        cfg = self.config
+        n = len(samples[0].mixes)
+        x0 = torch.stack([s.latents for s in samples])  # (B, z, F, h, w)
+        b, z, frames, h, w = x0.shape
+        # Per block noise levels.
+        sig = np.where(rng.random((b, n)) < cfg.schedule_fraction, rng.choice(self.sigmas, size=(b, n)),
+                       [[_shifted(u, self.shift) for u in row] for row in rng.random((b, n))])
+        sig_frames = torch.from_numpy(np.repeat(sig, self.fpb, axis=1)).float().view(b, 1, frames, 1, 1)
+        noise = torch.randn(x0.shape, generator=generator)
+        noisy = (1 - sig_frames) * x0 + sig_frames * noise
+        clean = x0
+        aug = torch.from_numpy(rng.random(b) < cfg.context_noise_fraction).float().view(b, 1, 1, 1, 1)
+        clean = clean + aug * cfg.context_noise * torch.randn(x0.shape, generator=generator)
+        cond = torch.zeros((b, 4 + z, frames, h, w))
+        for i, s in enumerate(samples):
+            if s.image:
+                cond[i, :4, 0] = 1.0
+                cond[i, 4:, 0] = s.latents[:, 0]
+        x = torch.cat([torch.cat([clean, noisy], dim=2), torch.cat([cond, cond], dim=2)], dim=1)
+
+        patch = self.transformer.config.patch_size
+        tokens_per_frame = (h // patch[1]) * (w // patch[2])
+        key = (n, tokens_per_frame * self.fpb)
+        if key not in self._masks:
+            self._masks[key] = block_causal_mask(n, tokens_per_frame * self.fpb)
+        self.binding.mask, self.binding.blocks = self._masks[key], n
+        t_tokens = np.concatenate([np.zeros((b, n)), sig * 1000.0], axis=1)  # clean at t = 0
+        timestep = torch.from_numpy(np.repeat(t_tokens, tokens_per_frame * self.fpb, axis=1)).float()
+        self._camera = self._camera_tokens(samples, n)
+        try:
+            out = self.transformer(x, timestep, self._text(samples), return_dict=False)[0]
+        finally:
+            self._camera = None
+        v = out[:, :, frames:]
+        return F.mse_loss(v.float(), noise - x0)
+
+
+def _shifted(u: float, shift: float) -> float:
+    return shift * u / (1 + (shift - 1) * u)
+
+
+def _lr(cfg: TransformerTraining, step: int) -> float:
+    return warmup_cosine(step, cfg.steps, cfg.warmup, cfg.lr, cfg.min_lr)
+
+
+def train_transformer(
+    trainer: TeacherForcing,
+    latents: list[torch.Tensor],
+    mixes: list[list],
+    poses: list[list],
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    log: Callable[[dict], None] = print,
+    checkpoint_every: int = 250,
+) -> dict:
+    """Train on the trajectories' normalized latents (z, F, h, w) and per-block conditions; checkpoints in `out_dir`."""
+    cfg = trainer.config
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    generator = torch.Generator().manual_seed(seed)
+    params = [p for p in trainer.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    start_step = 0
+    resume = out / "checkpoint.pt"
+    if resume.is_file():
+        state = torch.load(resume, weights_only=False)
+        for module, name in ((trainer.transformer, "transformer"), (trainer.camera_adapter, "camera_adapter"), (trainer.text_encoder, "text_encoder")):
+            module.load_state_dict(state[name])
+        opt.load_state_dict(state["optimizer"])
+        rng.bit_generator.state = state["rng"]
+        generator.set_state(state["generator"])
+        start_step = state["step"]
+        log({"stage": "transformer", "resumed_at": start_step})
+    fpb = trainer.fpb
+    started = time.time()
+    running = None
+    for step in range(start_step, cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = _lr(cfg, step)
+        samples = []
+        for _ in range(cfg.batch):
+            t = int(rng.integers(len(latents)))
+            available = latents[t].shape[1] // fpb
+            chosen = sequence_blocks(rng, available, cfg.blocks, cfg.gap_fraction)
+            frames = torch.cat([latents[t][:, i * fpb : (i + 1) * fpb] for i in chosen], dim=1)
+            samples.append(Sample(frames.float(), [mixes[t][i] for i in chosen], [poses[t][i] for i in chosen], bool(rng.random() < cfg.image_fraction)))
+        loss = trainer.loss(samples, rng, generator)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        value = loss.item()
+        running = value if running is None else 0.95 * running + 0.05 * value
+        if step % 25 == 0 or step == cfg.steps - 1:
+            log({"stage": "transformer", "step": step, "loss": round(value, 5), "loss_avg": round(running, 5),
+                 "lr": round(_lr(cfg, step), 6), "elapsed_s": round(time.time() - started, 1)})
+        if (step + 1) % checkpoint_every == 0 or step == cfg.steps - 1:
+            state = {"transformer": trainer.transformer.state_dict(), "camera_adapter": trainer.camera_adapter.state_dict(),
+                     "text_encoder": trainer.text_encoder.state_dict(), "optimizer": opt.state_dict(),
+                     "rng": rng.bit_generator.state, "generator": generator.get_state(), "step": step + 1}
+            torch.save(state, out / "checkpoint.tmp.pt")
+            (out / "checkpoint.tmp.pt").replace(resume)
+    report = {"steps": cfg.steps, "final_loss_avg": running, "config": asdict(cfg), "train_seconds": round(time.time() - started, 1)}
+    (out / "training.json").write_text(json.dumps(report, indent=2))
+    return report
