@@ -18,7 +18,7 @@ from conftest import app_args, deployed
 from wsclient import Transcript, connect, run_to_end
 
 from deployments.training import measures
-from deployments.training.behaviour import LOWER_HALF, PAN_PROMPT, sign_agreement
+from deployments.training.behaviour import LOWER_HALF, PAN_PROMPT, sign_agreement, split_blocks
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,8 +54,7 @@ async def _session(address: str, key: str) -> Transcript:
 def _blocks(stream: bytes) -> list[np.ndarray]:
     with av.open(io.BytesIO(stream)) as container:
         frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
-    bounds = np.cumsum([0, 9] + [12] * (BLOCKS - 1))
-    return [frames[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return split_blocks(frames, BLOCKS)
 
 
 def test_keys_sent_over_the_websocket_pan_the_served_view(address) -> None:

@@ -6,25 +6,16 @@ import numpy as np
 import pytest
 
 from deployments.generation.camera import Pose
-from deployments.generation.interactions import Director, Interaction
 from deployments.training import measures
+from deployments.training.behaviour import held
 from deployments.training.dataset import load_trajectory, render_dataset
-from deployments.training.trajectories import render_trajectory
+from deployments.training.trajectories import render_session, render_trajectory
 from deployments.training.world import BIOMES, biome_weights, mix_weights, render
 
 
 def _held(key: str | None, blocks: int = 3, prompt: str = "a green meadow") -> np.ndarray:
     """The renderer's frames for a session holding `key` (None: no key), posed by the engine's Director."""
-    director = Director(prompt, 3, accepts_camera=True)
-    poses = []
-    for b in range(blocks):
-        director.submit(Interaction(event_id=f"k{b}", actions=(((key,) if key else ()),) * 3))
-        poses += list(director.plan_block().poses)
-    weights = biome_weights(prompt)
-    frames = [render(poses[0], weights)]
-    for j in range(1, len(poses)):
-        frames += [render(poses[j - 1].interpolate(poses[j], s / 4), weights) for s in range(1, 5)]
-    return np.stack(frames)
+    return render_session(prompt, held((key,) if key else (), blocks)).frames
 
 
 def test_prompts_pick_biomes_by_keyword_and_unknown_prompts_get_a_fixed_mix() -> None:

@@ -11,12 +11,19 @@ import numpy as np
 
 from deployments.generation.interactions import Interaction
 from deployments.generation.session import SessionConfig
+from deployments.protocol.timeline import frames_in_block
 from deployments.training import measures
 from deployments.training.trajectories import render_session
 from deployments.training.world import biome_weights, render
 
 LOWER_HALF = slice(34, 64)  # ground rows of a 64-row frame: where strafing and turning show best
 PAN_PROMPT = "a city plaza"  # a ground with sharp, regular texture
+
+
+def split_blocks(frames: np.ndarray, blocks: int) -> list[np.ndarray]:
+    """A session's frames cut back into its blocks (9, 12, 12, ... frames, as the timeline counts them)."""
+    bounds = np.cumsum([0] + [frames_in_block(k) for k in range(blocks)])
+    return [frames[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def held(keys: tuple[str, ...], blocks: int, frames_per_block: int = 3, first: int = 0) -> list[list[Interaction]]:
@@ -76,12 +83,11 @@ def transition_report(engine, start: str, target: str, *, transition: int, befor
 def fidelity_report(i2v_engine, prompt: str, per_block: list[list[Interaction]], *, seed: int = 0) -> dict:
     """Image-to-video from the renderer's own start frame, against the renderer along the same key script."""
     truth = render_session(prompt, per_block)
-    generated = np.concatenate(rollout(i2v_engine, prompt, per_block, seed=seed, image=truth.frames[0]))
-    bounds = np.cumsum([0] + [9] + [12] * (len(per_block) - 1))
+    generated = rollout(i2v_engine, prompt, per_block, seed=seed, image=truth.frames[0])
     psnrs, ssims = [], []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        psnrs.append(float(np.mean([measures.psnr(g, t) for g, t in zip(generated[a:b], truth.frames[a:b])])))
-        ssims.append(float(np.mean([measures.ssim(g, t) for g, t in zip(generated[a:b], truth.frames[a:b])])))
+    for made, real in zip(generated, split_blocks(truth.frames, len(per_block))):
+        psnrs.append(float(np.mean([measures.psnr(g, t) for g, t in zip(made, real)])))
+        ssims.append(float(np.mean([measures.ssim(g, t) for g, t in zip(made, real)])))
     return {"psnr_db": psnrs, "ssim": ssims}
 
 

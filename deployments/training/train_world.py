@@ -95,30 +95,26 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
             latents.append(normalizer.to_normalized(encode_video(vae, traj.frames)[None])[0].half())
             mixes.append(traj.prompt_mixes)
             poses.append(traj.relative_poses)
-        torch.save({"latents": latents, "mixes": mixes, "poses": [[[(q.translation, q.rotation) for q in b] for b in t_] for t_ in poses]}, latents_file)
+        torch.save({"latents": latents, "mixes": mixes, "poses": poses}, latents_file)
         log({"stage": "encode", "trajectories": len(paths), "seconds": round(time.time() - t, 1)})
 
-    if "world" in wanted or "export" in wanted:
-        trainer, vae_config = _trainer(work, vae_dir, config, seed)
-        if "world" in wanted:
-            from deployments.generation.camera import Pose
+    if "world" in wanted:
+        data = torch.load(latents_file, weights_only=False)  # our own file: Pose objects ride along
+        trainer = _trainer(work, config, seed)
+        report["transformer"] = train_transformer(trainer, data["latents"], data["mixes"], data["poses"], work / "transformer", seed=seed, log=log)
+    if "export" in wanted:
+        from diffusers import AutoencoderKLWan
 
-            data = torch.load(latents_file, weights_only=False)
-            poses = [[tuple(Pose(tuple(t), tuple(r)) for t, r in b) for b in traj] for traj in data["poses"]]
-            report["transformer"] = train_transformer(trainer, data["latents"], data["mixes"], poses, work / "transformer", seed=seed, log=log)
-        if "export" in wanted:
-            state = torch.load(work / "transformer" / "checkpoint.pt", weights_only=False)
-            from diffusers import AutoencoderKLWan
-
-            vae = AutoencoderKLWan.from_pretrained(vae_dir)
-            weights = {"transformer": state["transformer"], "camera_adapter": state["camera_adapter"],
-                       "text_encoder": state["text_encoder"], "vae": vae.state_dict()}
-            save_shipped(weights, list(vae_config["latents_mean"]), list(vae_config["latents_std"]), out)
-            log({"stage": "export", "out": str(out), "bytes": sum(f.stat().st_size for f in out.glob("*.safetensors"))})
+        state = torch.load(work / "transformer" / "checkpoint.pt", weights_only=False)
+        vae = AutoencoderKLWan.from_pretrained(vae_dir)
+        weights = {"transformer": state["transformer"], "camera_adapter": state["camera_adapter"],
+                   "text_encoder": state["text_encoder"], "vae": vae.state_dict()}
+        save_shipped(weights, list(vae.config.latents_mean), list(vae.config.latents_std), out)
+        log({"stage": "export", "out": str(out), "bytes": sum(f.stat().st_size for f in out.glob("*.safetensors"))})
     return report
 
 
-def _trainer(work: Path, vae_dir: Path, config: WorldTraining, seed: int):
+def _trainer(work: Path, config: WorldTraining, seed: int) -> TeacherForcing:
     """The models to train, initialized by the same builder (and seed) as the random-weight checkpoints."""
     from diffusers import WanTransformer3DModel
     from transformers import AutoTokenizer, UMT5EncoderModel
@@ -133,10 +129,8 @@ def _trainer(work: Path, vae_dir: Path, config: WorldTraining, seed: int):
     adapter = CameraAdapter.from_pretrained(init, subfolder="camera_adapter").train()
     text_encoder = UMT5EncoderModel.from_pretrained(init / "text_encoder").eval()  # no dropout; gradients still flow
     tokenizer = AutoTokenizer.from_pretrained(init / "tokenizer")
-    vae_config = json.loads((vae_dir / "config.json").read_text())
-    trainer = TeacherForcing(
+    return TeacherForcing(
         transformer, adapter, text_encoder, tokenizer,
         height=config.height, width=config.width, frames_per_block=BUILTIN_SPEC.num_frames_per_block,
         shift=BUILTIN_SPEC.flow_shift, config=config.transformer,
     )
-    return trainer, vae_config

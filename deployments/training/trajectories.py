@@ -80,13 +80,6 @@ class Trajectory:
     frame_weights: np.ndarray  # (T, biomes)
 
 
-def _pitch_degrees(pose: Pose) -> float:
-    from deployments.generation.camera import quat_to_matrix
-
-    forward = quat_to_matrix(np.array(pose.rotation)) @ np.array([0.0, 0.0, 1.0])
-    return math.degrees(math.asin(max(-1.0, min(1.0, float(forward[1])))))
-
-
 def random_session_plan(rng: np.random.Generator, blocks: int, frames_per_block: int = 3, switch_probability: float = 0.12):
     """The interactions a random player sends before each block: (prompt, [(block, Interaction), ...])."""
     prompt = random_prompt(rng)
