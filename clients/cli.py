@@ -38,7 +38,8 @@ class Command:
 
 def _make_models_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", metavar="DIR", help="folder to write world-model/, world-model-i2v/ and omni/ into (created if missing)")
-    parser.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed of the random-weight models (default: 0)")
+    parser.add_argument("--random", action="store_true", help="random-weight world models instead of the trained built-in ones")
 
 
 def _make_models_run(args: argparse.Namespace) -> int:
@@ -47,7 +48,7 @@ def _make_models_run(args: argparse.Namespace) -> int:
     quiet_libraries()
     from deployments.models.tiny_world_model import make_models
 
-    for name, path in make_models(args.dir, seed=args.seed).items():
+    for name, path in make_models(args.dir, seed=args.seed, trained=not args.random).items():
         print(f"{name}: {path}")
     return 0
 
@@ -85,10 +86,11 @@ writes OUT/chunk_NNN.npy (uint8 [T,H,W,3]), OUT/chunk_NNN.json (block metadata
 COMMANDS: list[Command] = [
     Command(
         name="make-models",
-        help="write the tiny built-in checkpoints (world-model, world-model-i2v, omni)",
+        help="write the built-in checkpoints (world-model, world-model-i2v, omni)",
         add_arguments=_make_models_arguments,
         run=_make_models_run,
-        description="Write the tiny random-weight checkpoints used by tests and laptop demos.",
+        description="Write the built-in checkpoints the server serves by default: the trained world model "
+        "(text- and image-to-video) and the tiny understanding model; --random for random-weight world models.",
     ),
     Command(
         name="rollout",

@@ -67,10 +67,10 @@ def test_the_installed_model_is_the_shipped_one(builtin_dirs) -> None:
 
     for name in ("world-model", "world-model-i2v"):
         config = json.loads((builtin_dirs[name] / "transformer" / "config.json").read_text())
-        assert config["num_frames_per_block"] == 3 and config["patch_size"] == [1, 4, 4]
+        assert config["num_frames_per_block"] == 3 and config["patch_size"] == [1, 2, 2]
         assert config["in_channels"] == (36 if name.endswith("i2v") else 16)
         adapter = json.loads((builtin_dirs[name] / "camera_adapter" / "config.json").read_text())
-        assert adapter["rest_relative"] and adapter["patch_size"] == [1, 4, 4]
+        assert adapter["rest_relative"] and adapter["patch_size"] == [1, 2, 2]
         vae = json.loads((builtin_dirs[name] / "vae" / "config.json").read_text())
         assert vae["scale_factor_spatial"] == 4 and vae["latents_std"] != [1.0] * 16
 

@@ -27,8 +27,10 @@ def test_every_stage_leaves_its_output(smoke_run) -> None:
     assert len(list((work / "data").glob("traj_*.npz"))) == 6
     assert json.loads((work / "vae" / "training.json").read_text())["held_out_psnr_db"] > 0
     assert (work / "latents.pt").is_file() and (work / "transformer" / "checkpoint.pt").is_file()
-    stages = [json.loads(line)["stage"] for line in (work / "train.log").read_text().splitlines()]
-    assert {"render", "vae", "encode", "transformer", "export"} <= set(stages)
+    records = [json.loads(line) for line in (work / "train.log").read_text().splitlines()]
+    assert {"render", "vae", "encode", "transformer", "export"} <= {r["stage"] for r in records}
+    probes = [r["probe"] for r in records if "probe" in r]  # measured on the held-out trajectory at the checkpoint
+    assert probes and {"psnr_db", "copy_previous_psnr_db", "motion_sign_agreement"} <= set(probes[-1])
     sizes = {f.name: f.stat().st_size for f in (smoke_run / "weights").iterdir()}
     assert set(sizes) == {"transformer.safetensors", "vae.safetensors", "text_encoder.safetensors", "camera_adapter.safetensors", "spec.json"}
 
@@ -67,3 +69,49 @@ def test_bad_arguments_are_one_line_errors(capsys) -> None:
     assert "unknown stage 'paint'" in capsys.readouterr().err
     assert cli.main(["train-world", "--workers", "0"]) == 2
     assert "--workers must be at least 1" in capsys.readouterr().err
+
+
+def test_anchor_target_is_each_chunks_last_frame_pooled_and_folded() -> None:
+    from deployments.training.vae_training import ANCHORED_CHANNELS, anchor_target
+
+    torch.manual_seed(0)
+    start = torch.rand(2, 3, 9, 64, 64) * 2 - 1  # a stream's start: frame 0, then two chunks of 4
+    target = anchor_target(start, spatial_factor=4, first_chunk=True)
+    assert target.shape == (2, ANCHORED_CHANNELS, 3, 16, 16)
+    for latent, frame in enumerate((0, 4, 8)):
+        pooled = torch.nn.functional.avg_pool2d(start[:, :, frame], 2)  # (2, 3, 32, 32)
+        # Channel 4c + 2i + j holds colour c at sub-position (i, j) of each 2x2 cell.
+        for c in range(3):
+            for i in range(2):
+                for j in range(2):
+                    assert torch.allclose(target[:, 4 * c + 2 * i + j, latent], pooled[:, c, i::2, j::2])
+    middle = anchor_target(start[:, :, 1:], spatial_factor=4, first_chunk=False)  # mid-stream: chunks only
+    assert torch.equal(middle, target[:, :, 1:])
+
+
+def test_the_context_probe_tells_a_model_that_reads_its_context_from_one_that_does_not() -> None:
+    from deployments.generation.camera import Pose
+    from deployments.training.probe import context_probe
+    from deployments.training.transformer_training import Sample
+
+    # A latent world that pans: each latent frame is the one before, moved 2 anchored pixels sideways.
+    torch.manual_seed(0)
+    base = torch.nn.functional.avg_pool2d(torch.randn(1, 16, 64, 96), 3, stride=1, padding=1)[0] * 3
+    frames = torch.stack([base[:, ::2, 2 * j : 2 * j + 64 : 2][:, :, :16] for j in range(12)], dim=1)  # (16, 12, 16, 16)
+    samples = [Sample(frames, [(("a city plaza", 1.0),)] * 4, [(Pose(),) * 3] * 4, False)]
+
+    class Oracle:  # the edge of the unit: a "transformer" whose velocity is exact, or blind
+        fpb = 3
+        transformer = torch.nn.Linear(1, 1)
+
+        def __init__(self, exact: bool) -> None:
+            self.exact = exact
+
+        def velocity(self, samples, clean, sig, noise):
+            return noise - clean if self.exact else noise - clean.mean(dim=(3, 4), keepdim=True)
+
+    mean, std = torch.zeros(16), torch.full((16,), 0.3)
+    good, blind = (context_probe(Oracle(exact), samples, mean, std) for exact in (True, False))
+    assert good["psnr_db"] > max(good["copy_previous_psnr_db"], blind["psnr_db"]) + 10
+    assert good["motion_sign_agreement"] == 1.0 and good["moving_frames"] > 0
+    assert blind["motion_sign_agreement"] < 1.0

@@ -221,13 +221,20 @@ def _cast(module: torch.nn.Module, dtype: torch.dtype) -> None:
             param.data = param.data.to(dtype)
 
 
-def make_models(out_dir: str | os.PathLike, seed: int = 0) -> dict[str, Path]:
-    """All tiny built-in checkpoints the server and tests use, under one folder."""
+def make_models(out_dir: str | os.PathLike, seed: int = 0, trained: bool = True) -> dict[str, Path]:
+    """The built-in checkpoints the server serves by default, under one folder.
+
+    The world models are the trained built-in ones (`builtin_world_model`) when their weights ship
+    with this checkout and `trained` is set; otherwise tiny random-weight ones from `seed`."""
+    from deployments.models.builtin_world_model import install_builtin_world_models, weights_available
     from deployments.models.tiny_vlm import make_tiny_vlm
 
     out = Path(out_dir)
-    return {
-        "world-model": make_world_model(out / "world-model", WorldModelSpec(), seed=seed),
-        "world-model-i2v": make_world_model(out / "world-model-i2v", WorldModelSpec(image_conditioned=True), seed=seed),
-        "omni": make_tiny_vlm(out / "omni", seed=seed),
-    }
+    if trained and weights_available():
+        world = install_builtin_world_models(out)
+    else:
+        world = {
+            "world-model": make_world_model(out / "world-model", WorldModelSpec(), seed=seed),
+            "world-model-i2v": make_world_model(out / "world-model-i2v", WorldModelSpec(image_conditioned=True), seed=seed),
+        }
+    return world | {"omni": make_tiny_vlm(out / "omni", seed=seed)}

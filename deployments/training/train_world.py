@@ -24,7 +24,7 @@ import torch
 
 from deployments.models.builtin_world_model import BUILTIN_SPEC, save_shipped
 from deployments.training.dataset import list_trajectories, load_trajectory, render_dataset
-from deployments.training.transformer_training import TeacherForcing, TransformerTraining, train_transformer
+from deployments.training.transformer_training import TeacherForcing, TransformerTraining, sequence_blocks_for, train_transformer
 from deployments.training.vae_training import VAETraining, encode_video, train_vae, vae_trained
 
 
@@ -33,8 +33,8 @@ STAGES = ("render", "vae", "encode", "world", "export")
 
 @dataclass(frozen=True)
 class WorldTraining:
-    trajectories: int = 960
-    vae_trajectories: int = 480  # the VAE trains on the first ones (at the origin); they hold every biome and pattern
+    trajectories: int = 640
+    vae_trajectories: int = 320  # the VAE trains on the first ones (at the origin); they hold every biome and pattern
     blocks: int = 8  # per trajectory
     height: int = 64
     width: int = 64
@@ -48,7 +48,7 @@ class WorldTraining:
         return replace(self, trajectories=6, vae_trajectories=6, blocks=7, workers=1,
                        vae=replace(self.vae.scaled(steps=2, batch=2), held_out=2,
                                    stream=replace(self.vae.stream, steps=2, batch=2, prefix_chunks=(3,))),
-                       transformer=replace(self.transformer, steps=2, batch=2))
+                       transformer=replace(self.transformer, steps=2, batch=2, held_out=1))
 
 
 def _logger(path: Path, echo: Callable[[str], None] = print) -> Callable[[dict], None]:
@@ -101,7 +101,11 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
     if "world" in wanted:
         data = torch.load(latents_file, weights_only=False)  # our own file: Pose objects ride along
         trainer = _trainer(work, config, seed)
-        report["transformer"] = train_transformer(trainer, data["latents"], data["mixes"], data["poses"], work / "transformer", seed=seed, log=log)
+        held = config.transformer.held_out
+        train = {k: v[: len(v) - held] for k, v in data.items()}
+        probe = _probe(trainer, data, held, vae_dir)
+        report["transformer"] = train_transformer(trainer, train["latents"], train["mixes"], train["poses"], work / "transformer",
+                                                  seed=seed, log=log, probe=probe)
     if "export" in wanted:
         from diffusers import AutoencoderKLWan
 
@@ -112,6 +116,22 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
         save_shipped(weights, list(vae.config.latents_mean), list(vae.config.latents_std), out)
         log({"stage": "export", "out": str(out), "bytes": sum(f.stat().st_size for f in out.glob("*.safetensors"))})
     return report
+
+
+def _probe(trainer: TeacherForcing, data: dict, held: int, vae_dir: Path):
+    """The context probe on the held-out trajectories' first blocks (the trajectories the transformer never trains on)."""
+    from deployments.training.probe import context_probe
+    from deployments.training.transformer_training import Sample
+
+    if held == 0:
+        return None
+    vae = json.loads((vae_dir / "config.json").read_text())
+    mean, std = torch.tensor(vae["latents_mean"]), torch.tensor(vae["latents_std"])
+    n, fpb = trainer.config.blocks, trainer.fpb
+    samples = [Sample(lat[:, : n * fpb].float(), list(mix[:n]), list(pose[:n]), False)
+               for lat, mix, pose in zip(data["latents"][-held:], data["mixes"][-held:], data["poses"][-held:])
+               if lat.shape[1] >= n * fpb]
+    return lambda: context_probe(trainer, samples, mean, std)
 
 
 def _trainer(work: Path, config: WorldTraining, seed: int) -> TeacherForcing:
@@ -129,8 +149,10 @@ def _trainer(work: Path, config: WorldTraining, seed: int) -> TeacherForcing:
     adapter = CameraAdapter.from_pretrained(init, subfolder="camera_adapter").train()
     text_encoder = UMT5EncoderModel.from_pretrained(init / "text_encoder").eval()  # no dropout; gradients still flow
     tokenizer = AutoTokenizer.from_pretrained(init / "tokenizer")
+    spec = BUILTIN_SPEC
+    blocks = sequence_blocks_for(spec.sink_size, spec.sliding_window_num_frames, spec.num_frames_per_block)
     return TeacherForcing(
         transformer, adapter, text_encoder, tokenizer,
-        height=config.height, width=config.width, frames_per_block=BUILTIN_SPEC.num_frames_per_block,
-        shift=BUILTIN_SPEC.flow_shift, config=config.transformer,
+        height=config.height, width=config.width, frames_per_block=spec.num_frames_per_block,
+        shift=spec.flow_shift, config=replace(config.transformer, blocks=blocks),
     )

@@ -43,9 +43,11 @@ from deployments.training.lr_schedule import warmup_cosine
 
 @dataclass(frozen=True)
 class TransformerTraining:
-    blocks: int = 6  # per sequence: the sink block + up to 5 more (the engine's sink 3 + window 12 + block 3)
-    batch: int = 8
-    steps: int = 1600
+    # Blocks per sequence: the sink block, the window's blocks and the current one, so the last block of a
+    # sequence sees exactly what the engine's full cache holds (`sequence_blocks_for` sets it from the spec).
+    blocks: int = 4
+    batch: int = 5
+    steps: int = 1000
     lr: float = 1e-3
     min_lr: float = 5e-5
     warmup: int = 50
@@ -54,7 +56,8 @@ class TransformerTraining:
     schedule_fraction: float = 0.8  # noisy blocks at the engine's own sigmas; the rest uniform
     context_noise: float = 0.05
     context_noise_fraction: float = 0.5
-    gap_fraction: float = 0.4  # sequences whose later blocks jump ahead, as after the window slides
+    held_out: int = 16  # trajectories kept out of training, for the context probe
+    gap_fraction: float = 0.6  # sequences whose later blocks jump ahead, as after the window slides (most of a session)
 
 
 class _Binding:
@@ -134,6 +137,11 @@ class Sample:
     image: bool  # carries the start image (its first latent frame)
 
 
+def sequence_blocks_for(sink_frames: int, window_frames: int, frames_per_block: int) -> int:
+    """Blocks in a training sequence that ends the way a full cache ends: sink, window, current block."""
+    return -(-sink_frames // frames_per_block) + window_frames // frames_per_block + 1
+
+
 def sequence_blocks(rng: np.random.Generator, available: int, blocks: int, gap_fraction: float) -> list[int]:
     """Block indices of one training sequence: the first block, then a run (with a jump now and then)."""
     if available > blocks and rng.random() < gap_fraction:
@@ -185,16 +193,24 @@ class TeacherForcing:
         cfg = self.config
         n = len(samples[0].mixes)
         x0 = torch.stack([s.latents for s in samples])  # (B, z, F, h, w)
-        b, z, frames, h, w = x0.shape
+        b = x0.shape[0]
         # Per block noise levels.
         sig = np.where(rng.random((b, n)) < cfg.schedule_fraction, rng.choice(self.sigmas, size=(b, n)),
                        [[_shifted(u, self.shift) for u in row] for row in rng.random((b, n))])
-        sig_frames = torch.from_numpy(np.repeat(sig, self.fpb, axis=1)).float().view(b, 1, frames, 1, 1)
         noise = torch.randn(x0.shape, generator=generator)
-        noisy = (1 - sig_frames) * x0 + sig_frames * noise
-        clean = x0
         aug = torch.from_numpy(rng.random(b) < cfg.context_noise_fraction).float().view(b, 1, 1, 1, 1)
-        clean = clean + aug * cfg.context_noise * torch.randn(x0.shape, generator=generator)
+        clean = x0 + aug * cfg.context_noise * torch.randn(x0.shape, generator=generator)
+        v = self.velocity(samples, clean, sig, noise)
+        return F.mse_loss(v.float(), noise - x0)
+
+    def velocity(self, samples: list[Sample], clean: torch.Tensor, sig: np.ndarray, noise: torch.Tensor) -> torch.Tensor:
+        """The velocity predicted for every block of every sample noised to its `sig` (B, blocks), each
+        given the `clean` blocks before it: (B, z, F, h, w)."""
+        x0 = torch.stack([s.latents for s in samples])
+        b, z, frames, h, w = x0.shape
+        n = sig.shape[1]
+        sig_frames = torch.from_numpy(np.repeat(sig, self.fpb, axis=1)).float().view(b, 1, frames, 1, 1)
+        noisy = (1 - sig_frames) * x0 + sig_frames * noise
         cond = torch.zeros((b, 4 + z, frames, h, w))
         for i, s in enumerate(samples):
             if s.image:
@@ -215,8 +231,7 @@ class TeacherForcing:
             out = self.transformer(x, timestep, self._text(samples), return_dict=False)[0]
         finally:
             self._camera = None
-        v = out[:, :, frames:]
-        return F.mse_loss(v.float(), noise - x0)
+        return out[:, :, frames:]
 
 
 def _shifted(u: float, shift: float) -> float:
@@ -237,8 +252,10 @@ def train_transformer(
     seed: int = 0,
     log: Callable[[dict], None] = print,
     checkpoint_every: int = 250,
+    probe: Callable[[], dict] | None = None,
 ) -> dict:
-    """Train on the trajectories' normalized latents (z, F, h, w) and per-block conditions; checkpoints in `out_dir`."""
+    """Train on the trajectories' normalized latents (z, F, h, w) and per-block conditions; checkpoints in
+    `out_dir`. `probe` (see `probe.context_probe`) is measured and logged at each checkpoint."""
     cfg = trainer.config
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -287,6 +304,8 @@ def train_transformer(
                      "rng": rng.bit_generator.state, "generator": generator.get_state(), "step": step + 1}
             torch.save(state, out / "checkpoint.tmp.pt")
             (out / "checkpoint.tmp.pt").replace(resume)
+            if probe is not None:
+                log({"stage": "transformer", "step": step + 1, "probe": probe()})
     report = {"steps": cfg.steps, "final_loss_avg": running, "config": asdict(cfg), "train_seconds": round(time.time() - started, 1)}
     (out / "training.json").write_text(json.dumps(report, indent=2))
     return report

@@ -12,10 +12,12 @@ A **biome** sets the palette and patterns; a prompt picks biomes by keywords
 hash. A mix of biomes blends their colours, which is what a prompt transition
 renders.
 
-Aliasing would be noise the VAE cannot learn: each texture octave fades out
-where its wavelength shrinks below two pixel footprints, distant ground fades
-into the horizon haze, and frames are rendered at twice the size and averaged
-down.
+Detail finer than a few pixels would be noise the models cannot learn (it
+aliases as the camera moves, and a small VAE cannot keep it): each texture
+octave fades to its mean as its wavelength shrinks towards three output
+pixels (`DETAIL_FADE`), distant ground fades into the horizon haze, and
+frames are rendered at twice the size and averaged down. The world is made
+of shapes a 64x64 picture can carry, so that what the camera does shows.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ CELL = 3.0  # landmark grid spacing, world units
 LANDMARK_RADIUS = 22.0  # cells farther than this from the camera are not drawn
 SUN = np.array([0.45, 0.75, -0.35]) / np.linalg.norm([0.45, 0.75, -0.35])
 FOV_DEGREES = 60.0
+# Octaves fade from full (wavelength >= 16 render footprints, 8 output pixels at the default 2x
+# supersampling) to their mean (<= 5.3 footprints): the first session's model, trained on a world
+# textured down to single pixels, learned its latents' scramble instead of the camera's motion.
+DETAIL_FADE = 8.0
 
 
 @dataclass(frozen=True)
@@ -133,7 +139,7 @@ def _fbm(x: np.ndarray, z: np.ndarray, footprint: np.ndarray, salt: int, octaves
     total = np.zeros_like(x)
     amp, freq, norm = 0.5, 1.0, 0.0
     for o in range(octaves):
-        fade = np.clip(1.5 - 2.0 * footprint * freq, 0.0, 1.0)
+        fade = np.clip(1.5 - DETAIL_FADE * footprint * freq, 0.0, 1.0)
         total += amp * (0.5 + fade * (_value_noise(x * freq, z * freq, salt + o) - 0.5))
         norm += amp
         amp, freq = amp * 0.5, freq * 2.0
@@ -150,7 +156,7 @@ def _ground_pattern(biome: Biome, x: np.ndarray, z: np.ndarray, footprint: np.nd
     s = biome.scale
     fp = footprint / s
     n = _fbm(x / s, z / s, fp, salt=BIOME_NAMES.index(biome.name) * 31 if biome.name in BIOME_NAMES else 0)
-    fade = np.clip(1.5 - 2.0 * fp, 0.0, 1.0)
+    fade = np.clip(1.5 - DETAIL_FADE * fp, 0.0, 1.0)
     if biome.pattern == "patches":
         return np.clip((n - 0.5) * 3.5 + 0.5, 0.0, 1.0)
     if biome.pattern == "dunes":
