@@ -32,7 +32,6 @@ BENCHES: dict[str, tuple[int, list[str]]] = {
     "media": (120, ["--encode-sizes", "64x64", "--encode-frames", "12", "--filter-sizes", "128x96", "--filter-frames", "4", "--rounds", "2"]),
     "understanding": (180, ["--frames", "4,8", "--rounds", "1"]),
     "load": (300, ["--gen", "2", "--chat", "2", "--seconds", "8", "--warmup", "3"]),
-    "world_behaviour": (1200, ["--blocks", "3", "--long", "20", "--rounds", "1"]),
 }
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: `python -m bench.NAME` runs from here
 DEFAULT_OUT = ROOT / "bench" / "results" / "cpu.json"
