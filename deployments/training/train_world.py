@@ -24,7 +24,7 @@ import torch
 
 from deployments.models.builtin_world_model import BUILTIN_SPEC, save_shipped
 from deployments.training.dataset import list_trajectories, load_trajectory, render_dataset
-from deployments.training.transformer_training import TeacherForcing, TransformerTraining, sequence_blocks_for, train_transformer
+from deployments.training.transformer_training import Sample, TeacherForcing, TransformerTraining, sequence_blocks_for, train_transformer
 from deployments.training.vae_training import VAETraining, encode_video, train_vae, vae_trained
 
 
@@ -121,7 +121,6 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
 def _probe(trainer: TeacherForcing, data: dict, held: int, vae_dir: Path):
     """The context probe on the held-out trajectories' first blocks (the trajectories the transformer never trains on)."""
     from deployments.training.probe import context_probe
-    from deployments.training.transformer_training import Sample
 
     if held == 0:
         return None
