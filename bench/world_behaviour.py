@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,7 @@ def run(args) -> dict:
     dirs = install_builtin_world_models(tmp / "builtin")
     t2v = WorldModelEngine.from_pretrained(dirs["world-model"])
     i2v = WorldModelEngine.from_pretrained(dirs["world-model-i2v"])
-    build_world_model(tmp / "random-builtin", BUILTIN_SPEC, seed=0)
+    build_world_model(tmp / "random-builtin", replace(BUILTIN_SPEC, image_conditioned=True), seed=0)
     random_i2v = WorldModelEngine.from_pretrained(tmp / "random-builtin")
     build_world_model(tmp / "random-tiny", WorldModelSpec(), seed=0)
     tiny = WorldModelEngine.from_pretrained(tmp / "random-tiny")

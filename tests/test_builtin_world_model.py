@@ -48,12 +48,14 @@ def i2v(builtin_dirs):
 @pytest.fixture(scope="module")
 def random_i2v(tmp_path_factory):
     """The built-in architecture with untrained weights (what the server shipped before)."""
+    from dataclasses import replace
+
     from deployments.generation.engine import WorldModelEngine
     from deployments.models.builtin_world_model import BUILTIN_SPEC
     from deployments.models.tiny_world_model import build_world_model
 
     path = tmp_path_factory.mktemp("random") / "world-model-i2v"
-    build_world_model(path, BUILTIN_SPEC, seed=0)
+    build_world_model(path, replace(BUILTIN_SPEC, image_conditioned=True), seed=0)
     return WorldModelEngine.from_pretrained(path)
 
 
@@ -68,7 +70,8 @@ def test_the_installed_model_is_the_shipped_one(builtin_dirs) -> None:
     for name in ("world-model", "world-model-i2v"):
         config = json.loads((builtin_dirs[name] / "transformer" / "config.json").read_text())
         assert config["num_frames_per_block"] == 3 and config["patch_size"] == [1, 2, 2]
-        assert config["in_channels"] == (36 if name.endswith("i2v") else 16)
+        assert config["in_channels"] == 36 and config["last_frame_condition"]
+        assert config["start_image"] == name.endswith("i2v")
         adapter = json.loads((builtin_dirs[name] / "camera_adapter" / "config.json").read_text())
         assert adapter["rest_relative"] and adapter["patch_size"] == [1, 2, 2]
         vae = json.loads((builtin_dirs[name] / "vae" / "config.json").read_text())

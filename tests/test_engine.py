@@ -234,6 +234,75 @@ def test_text_to_video_model_refuses_an_image(engine):
         engine.open_session(cfg(image=np.zeros((64, 96, 3), np.uint8)))
 
 
+@pytest.fixture(scope="module")
+def last_frame_dirs(tmp_path_factory):
+    from deployments.models.tiny_world_model import WorldModelSpec, make_world_model
+
+    root = tmp_path_factory.mktemp("last-frame")
+    return {image: make_world_model(root / f"image-{image}", WorldModelSpec(last_frame_condition=True, image_conditioned=image))
+            for image in (False, True)}
+
+
+def conditions_seen(engine, session, blocks):
+    """The condition channels of each block's forwards, as the transformer received them, and the blocks."""
+    seen, made = [], []
+    z = engine.vae.config.z_dim
+    hook = engine.transformer.patch_embedding.register_forward_pre_hook(lambda m, args: seen.append(args[0][:, z:].clone()))
+    try:
+        for _ in range(blocks):
+            seen.clear()
+            made.append((engine.generate_block(session), seen[0]))
+            assert all(torch.equal(c, seen[0]) for c in seen)  # every step and the commit see the same channels
+    finally:
+        hook.remove()
+    return made
+
+
+def test_last_frame_models_give_each_block_the_frame_before_it(last_frame_dirs):
+    engine = WorldModelEngine.from_pretrained(last_frame_dirs[False])
+    assert engine.last_frame_condition and engine.image_conditioned is False
+    session = engine.open_session(cfg())
+    made = conditions_seen(engine, session, 3)
+    assert torch.count_nonzero(made[0][1]) == 0  # no start image: nothing is given to the first block
+    for (before, _), (_, cond) in zip(made, made[1:]):
+        last = before.latents[:, :, -1]
+        for j in range(3):
+            assert cond[0, :4, j, 0, 0].tolist() == [1.0 if c == min(j + 1, 3) else 0.0 for c in range(4)]
+            torch.testing.assert_close(cond[:, 4:, j], last)
+    session.close()
+    assert session.last_latent is None
+    with pytest.raises(ValueError, match="takes no start image"):
+        engine.open_session(cfg(image=np.zeros((64, 96, 3), np.uint8)))
+
+
+def test_last_frame_image_model_starts_from_the_image_at_distance_zero(last_frame_dirs):
+    engine = WorldModelEngine.from_pretrained(last_frame_dirs[True])
+    assert engine.image_conditioned is True
+    image = np.random.default_rng(1).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    session = engine.open_session(cfg(image=image))
+    (first, cond), = conditions_seen(engine, session, 1)
+    assert cond[0, :4, :, 0, 0].T.tolist() == [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]]
+    torch.testing.assert_close(cond[:, 4:, 2], session.image_latent[:, :, 0])
+    session.close()
+    with pytest.raises(ValueError, match="needs a start image"):
+        engine.open_session(cfg())
+
+
+def test_a_last_frame_key_on_the_wrong_channels_is_refused(world_model_dir, tmp_path):
+    from deployments.generation.geometry import read_traits
+
+    bad = tmp_path / "bad"
+    shutil.copytree(world_model_dir, bad)
+    config_path = bad / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps(config | {"last_frame_condition": True}))
+    with pytest.raises(CheckpointError, match="last_frame_condition needs the image-to-video input channels"):
+        read_traits(bad)
+    config_path.write_text(json.dumps(config | {"last_frame_condition": "yes"}))
+    with pytest.raises(CheckpointError, match="must be true or false"):
+        read_traits(bad)
+
+
 # -- interactions -------------------------------------------------------------
 def changed_from(base, other):
     return [not np.array_equal(x.frames, y.frames) for x, y in zip(base, other)]

@@ -52,12 +52,11 @@ def test_exported_weights_install_exactly_and_serve(smoke_run, tmp_path) -> None
 
     dirs = install_builtin_world_models(tmp_path, smoke_run / "weights")
     shipped = load_file(smoke_run / "weights" / "transformer.safetensors")
-    installed = load_file(dirs["world-model-i2v"] / "transformer" / "diffusion_pytorch_model.safetensors")
-    assert set(shipped) == set(installed)
-    for name, tensor in shipped.items():
-        assert torch.equal(tensor.float(), installed[name].float()), name
-    t2v = load_file(dirs["world-model"] / "transformer" / "diffusion_pytorch_model.safetensors")
-    assert torch.equal(t2v["patch_embedding.weight"].float(), shipped["patch_embedding.weight"][:, :16].float())
+    for name in ("world-model", "world-model-i2v"):  # the same weights; only the start-image key differs
+        installed = load_file(dirs[name] / "transformer" / "diffusion_pytorch_model.safetensors")
+        assert set(shipped) == set(installed)
+        for key, tensor in shipped.items():
+            assert torch.equal(tensor.float(), installed[key].float()), (name, key)
     for name, image in (("world-model", None), ("world-model-i2v", np.zeros((64, 64, 3), np.uint8))):
         engine = WorldModelEngine.from_pretrained(dirs[name])
         session = engine.open_session(SessionConfig(prompt="a snowy field", height=64, width=64, seed=0, image=image))
@@ -98,7 +97,7 @@ def test_the_context_probe_tells_a_model_that_reads_its_context_from_one_that_do
     torch.manual_seed(0)
     base = torch.nn.functional.avg_pool2d(torch.randn(1, 16, 64, 96), 3, stride=1, padding=1)[0] * 3
     frames = torch.stack([base[:, ::2, 2 * j : 2 * j + 64 : 2][:, :, :16] for j in range(12)], dim=1)  # (16, 12, 16, 16)
-    samples = [Sample(frames, [(("a city plaza", 1.0),)] * 4, [(Pose(),) * 3] * 4, False)]
+    samples = [Sample.of_blocks(frames, [0, 1, 2, 3], 3, [(("a city plaza", 1.0),)] * 4, [(Pose(),) * 3] * 4, False)]
 
     class Oracle:  # the edge of the unit: a "transformer" whose velocity is exact, or blind
         fpb = 3
@@ -115,3 +114,47 @@ def test_the_context_probe_tells_a_model_that_reads_its_context_from_one_that_do
     assert good["psnr_db"] > max(good["copy_previous_psnr_db"], blind["psnr_db"]) + 10
     assert good["motion_sign_agreement"] == 1.0 and good["moving_frames"] > 0
     assert blind["motion_sign_agreement"] < 1.0
+
+
+def test_teacher_forcing_predicts_what_the_engine_predicts(tmp_path) -> None:
+    """A block's velocity under teacher forcing equals the engine's first denoising step of that block,
+    given the same earlier block, noise, prompt and camera: the model is trained on what it is served."""
+    from deployments.generation.camera import Pose
+    from deployments.generation.checkpoint import load_world_model
+    from deployments.generation.engine import WorldModelEngine
+    from deployments.generation.session import SessionConfig
+    from deployments.models.tiny_world_model import WorldModelSpec, make_world_model
+    from deployments.training.transformer_training import Sample, TeacherForcing, TransformerTraining
+
+    path = make_world_model(tmp_path / "last-frame", WorldModelSpec(last_frame_condition=True))
+    engine = WorldModelEngine.from_pretrained(path)
+    session = engine.open_session(SessionConfig(prompt="a sandy desert", height=64, width=64, seed=3))
+    first = engine.generate_block(session)
+    z = engine.vae.config.z_dim
+    seen: dict = {}
+
+    def inputs(module, args):
+        seen.setdefault("noise", args[0][:, :z].clone())
+
+    def outputs(module, args, out):
+        seen.setdefault("velocity", out[0].float().clone())
+
+    hooks = [engine.transformer.patch_embedding.register_forward_pre_hook(inputs), engine.transformer.register_forward_hook(outputs)]
+    second = engine.generate_block(session)
+    for hook in hooks:
+        hook.remove()
+
+    parts = load_world_model(path)
+    trainer = TeacherForcing(parts.transformer, parts.camera_adapter, parts.text_encoder, parts.tokenizer, height=64, width=64,
+                             frames_per_block=3, shift=parts.flow_shift, config=TransformerTraining(blocks=2))
+    latents = torch.cat([first.latents[0], second.latents[0]], dim=1)
+    sample = Sample.of_blocks(latents, [0, 1], 3, [(("a sandy desert", 1.0),)] * 2, [(Pose(),) * 3] * 2, False)
+    noise = torch.cat([torch.zeros_like(seen["noise"]), seen["noise"]], dim=2)
+    sig = np.array([[0.5, session.sigmas[0]]])
+    with torch.no_grad():
+        velocity = trainer.velocity([sample], latents[None], sig, noise)
+    torch.testing.assert_close(velocity[:, :, 3:], seen["velocity"], atol=1e-4, rtol=1e-3)
+    # The channels carried the first block's last frame; without them the prediction is another one.
+    blank = Sample(sample.latents, sample.mixes, sample.poses, False, torch.zeros_like(sample.before))
+    with torch.no_grad():
+        assert not torch.allclose(trainer.velocity([blank], latents[None], sig, noise)[:, :, 3:], seen["velocity"], atol=1e-3)

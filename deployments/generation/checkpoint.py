@@ -35,6 +35,7 @@ class WorldModelComponents:
     flow_shift: float
     timesteps: list[float] | None
     image_conditioned: bool
+    last_frame_condition: bool = False  # see deployments/generation/conditioning.py
     tensor_parallel: TensorParallel | None = None  # None: the whole transformer on this process
 
 
@@ -122,4 +123,5 @@ def _load(root: Path, geometry: ARGeometry, traits: ModelTraits, device, dtype: 
         flow_shift=shift,
         timesteps=timesteps,
         image_conditioned=traits.image_conditioned,
+        last_frame_condition=traits.last_frame_condition,
     )

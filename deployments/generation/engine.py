@@ -30,6 +30,7 @@ from deployments.generation.attention import (
 )
 from deployments.generation.camera import plucker_rays
 from deployments.generation.checkpoint import WorldModelComponents, load_world_model
+from deployments.generation.conditioning import image_condition, last_frame_condition
 from deployments.generation.interactions import Director
 from deployments.generation.kv_cache import KVLayout, RollingKVCache
 from deployments.generation.rope import OffsetRope
@@ -80,6 +81,7 @@ class WorldModelEngine:
         self.vae = components.vae
         self.camera_adapter = components.camera_adapter
         self.image_conditioned = components.image_conditioned
+        self.last_frame_condition = components.last_frame_condition
         self.tensor_parallel = components.tensor_parallel
         self.rank = self.tensor_parallel.rank if self.tensor_parallel else 0
         self.world_size = self.tensor_parallel.world_size if self.tensor_parallel else 1
@@ -210,7 +212,7 @@ class WorldModelEngine:
                 index=list(range(len(sessions))),
                 text=torch.cat([self.text_condition(s, p.prompt_mix) for s, p in zip(sessions, plans)]),
                 camera=_cat([self._camera_tokens(s, p) for s, p in zip(sessions, plans)]),
-                cond=_cat([self._image_condition(s) for s in sessions]),
+                cond=_cat([self._condition(s) for s in sessions]),
                 context={},
             )
             x = batch.noise(shape, self.device)
@@ -228,6 +230,8 @@ class WorldModelEngine:
                 self.forward(batch.sessions, x0, 0.0, batch.text, batch.camera, batch.cond, commit=True, block_context=batch.context)
                 for b, session in enumerate(batch.sessions):
                     session.kv.advance(shape[2])
+                    if self.last_frame_condition:
+                        session.last_latent = x0[b : b + 1, :, -1:].clone()
                     if self.decodes:
                         raw = self.normalizer.to_raw(x0[b : b + 1]).to(self.vae.dtype)
                         session.pending_decode.append((raw, None if decode else self._ready_event()))
@@ -373,16 +377,20 @@ class WorldModelEngine:
                 self._camera_cache.pop(next(iter(self._camera_cache)))
         return tokens
 
-    def _image_condition(self, session: WorldSession) -> torch.Tensor | None:
-        """Wan image-to-video channels: 4 mask channels + the image latent, on the first latent frame only."""
+    def _condition(self, session: WorldSession) -> torch.Tensor | None:
+        """The condition channels of the session's next block (conditioning.py), None when the model has none."""
+        b, z, f, h, w = self._latent_shape(session)
+        first = session.block_index == 0
+        if self.last_frame_condition:
+            given = session.image_latent if first else session.last_latent
+            if given is None:
+                return torch.zeros((b, 4 + z, f, h, w), device=self.device, dtype=torch.float32)
+            return last_frame_condition(given[:, :, -1], f, first_distance=0 if first else 1)
         if session.image_latent is None:
             return None
-        b, z, f, h, w = self._latent_shape(session)
-        cond = torch.zeros((b, 4 + z, f, h, w), device=self.device, dtype=torch.float32)
-        if session.block_index == 0:
-            cond[:, :4, 0] = 1.0
-            cond[:, 4:, :1] = session.image_latent
-        return cond
+        if first:
+            return image_condition(session.image_latent[:, :, 0], f)
+        return torch.zeros((b, 4 + z, f, h, w), device=self.device, dtype=torch.float32)
 
 
 def _cat(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:

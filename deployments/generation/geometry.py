@@ -96,9 +96,10 @@ def read_geometry(checkpoint: str | Path) -> ARGeometry:
 class ModelTraits:
     """What a session may ask of a checkpoint, read off its configs without loading weights."""
 
-    image_conditioned: bool
+    image_conditioned: bool  # a start image is required (and without it, refused)
     camera_adapter: bool
     latent_channels: int
+    last_frame_condition: bool = False  # see deployments/generation/conditioning.py
 
 
 def read_traits(checkpoint: str | Path) -> ModelTraits:
@@ -113,4 +114,11 @@ def read_traits(checkpoint: str | Path) -> ModelTraits:
         )
     if transformer.get("added_kv_proj_dim") is not None or transformer.get("image_dim") is not None:
         raise CheckpointError(f"{root}: CLIP image-context checkpoints are not supported; image conditioning goes through latent channels")
-    return ModelTraits(in_channels != z_dim, (root / "camera_adapter").is_dir(), z_dim)
+    last_frame = transformer.get("last_frame_condition", False)
+    if not isinstance(last_frame, bool) or not isinstance(transformer.get("start_image", False), bool):
+        raise CheckpointError(f"{root}: transformer config keys last_frame_condition and start_image must be true or false")
+    if last_frame and in_channels != 2 * z_dim + 4:
+        raise CheckpointError(f"{root}: last_frame_condition needs the image-to-video input channels ({2 * z_dim + 4}), not {in_channels}")
+    # A last-frame model always has the condition channels; whether it takes a start image is its own key.
+    image_conditioned = transformer.get("start_image", False) if last_frame else in_channels != z_dim
+    return ModelTraits(image_conditioned, (root / "camera_adapter").is_dir(), z_dim, last_frame)

@@ -71,6 +71,7 @@ class WorldSession:
     decoder: StreamingDecoder
     generator: torch.Generator
     image_latent: torch.Tensor | None = None  # normalized (1, z, 1, h, w), image-to-video only
+    last_latent: torch.Tensor | None = None  # normalized (1, z, 1, h, w): the last frame made, for last-frame models
     block_index: int = 0
     closed: bool = False
     # Cross-attention K/V for the text condition in use, and which prompt mix it was made for.
@@ -92,12 +93,12 @@ class WorldSession:
         self.director.submit(interaction)
 
     def memory_bytes(self) -> int:
-        """Bytes of tensors this session holds (KV cache, text K/V, decoder cache, image latent)."""
+        """Bytes of tensors this session holds (KV cache, text K/V, decoder cache, image and last-frame latents)."""
         if self.closed:
             return 0
         text = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.text_kv.values())
-        image = 0 if self.image_latent is None else self.image_latent.numel() * self.image_latent.element_size()
-        return self.kv.nbytes + text + self.decoder.nbytes + image
+        latents = sum(t.numel() * t.element_size() for t in (self.image_latent, self.last_latent) if t is not None)
+        return self.kv.nbytes + text + self.decoder.nbytes + latents
 
     def close(self) -> None:
         if self.closed:
@@ -106,5 +107,5 @@ class WorldSession:
         self.kv.k = self.kv.v = None
         self.text_kv.clear()
         self.decoder.close()
-        self.image_latent = None
+        self.image_latent = self.last_latent = None
         self.pending_decode.clear()

@@ -6,9 +6,11 @@ its trained weights (fp16 safetensors) and the VAE's latent statistics.
 checkpoint folders from them, in the same diffusers layout as every other
 world model, through the same builder as the random-weight ones.
 
-One image-to-video transformer is trained (half its samples carry no start
-image, so their 20 condition channels are zero); the text-to-video model is
-the same weights without those input channels, which then contribute nothing.
+One transformer is trained, with the last-frame condition
+(`deployments/generation/conditioning.py`): every block is given the last
+frame before it, and the first block the start image when there is one (half
+the training samples have none). The text-to-video and image-to-video models
+are the same weights; only whether a start image is required differs.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ COMPONENTS = ("transformer", "vae", "text_encoder", "camera_adapter")
 # values than the model was wide. The window is two blocks, so that one training sequence (sink block,
 # window, current block: 4 blocks) is exactly what the engine's cache holds once it is full.
 BUILTIN_SPEC = WorldModelSpec(
-    image_conditioned=True,
+    last_frame_condition=True,
     sliding_window_num_frames=6,
     num_layers=4,
     num_attention_heads=4,
@@ -62,13 +64,6 @@ def weights_available(weights_dir: str | os.PathLike = WEIGHTS_DIR) -> bool:
     return all((root / f"{name}.safetensors").is_file() for name in COMPONENTS) and (root / "spec.json").is_file()
 
 
-def text_to_video_transformer(state: dict[str, torch.Tensor], latent_channels: int) -> dict[str, torch.Tensor]:
-    """The image-to-video transformer's weights without its condition input channels."""
-    out = dict(state)
-    out["patch_embedding.weight"] = state["patch_embedding.weight"][:, :latent_channels].contiguous()
-    return out
-
-
 def load_shipped(weights_dir: str | os.PathLike = WEIGHTS_DIR) -> tuple[WorldModelSpec, dict[str, dict[str, torch.Tensor]]]:
     from safetensors.torch import load_file
 
@@ -96,8 +91,7 @@ def install_builtin_world_models(out_root: str | os.PathLike, weights_dir: str |
     spec, weights = load_shipped(weights_dir)
     out = Path(out_root)
     i2v = out / "world-model-i2v"
-    build_world_model(i2v, spec, readme=README, weights=weights)
-    t2v_weights = dict(weights, transformer=text_to_video_transformer(weights["transformer"], spec.latent_channels))
+    build_world_model(i2v, replace(spec, image_conditioned=True), readme=README, weights=weights)
     t2v = out / "world-model"
-    build_world_model(t2v, replace(spec, image_conditioned=False), readme=README, weights=t2v_weights)
+    build_world_model(t2v, replace(spec, image_conditioned=False), readme=README, weights=weights)
     return {"world-model": t2v, "world-model-i2v": i2v}

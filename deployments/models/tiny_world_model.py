@@ -33,7 +33,10 @@ class WorldModelSpec:
     Wan2.1-T2V-1.3B's sizes for GPU benchmarks, built by the same function.
     """
 
-    image_conditioned: bool = False
+    image_conditioned: bool = False  # a start image is required
+    # Every block carries the last frame before it in the condition channels (conditioning.py); then
+    # `image_conditioned` only says whether the start image is required or refused.
+    last_frame_condition: bool = False
     camera_adapter: bool = True
     num_frames_per_block: int = 3
     sink_size: int = 3
@@ -74,7 +77,7 @@ class WorldModelSpec:
     def in_channels(self) -> int:
         # Wan image-to-video: noise latent + 4 mask channels + image latent.
         z = self.latent_channels
-        return z + (4 + z if self.image_conditioned else 0)
+        return z + (4 + z if self.image_conditioned or self.last_frame_condition else 0)
 
 
 def make_vae(spec: WorldModelSpec):
@@ -174,6 +177,8 @@ def build_world_model(
             sink_size=spec.sink_size,
             sliding_window_num_frames=spec.sliding_window_num_frames,
         )
+        if spec.last_frame_condition:
+            transformer.register_to_config(last_frame_condition=True, start_image=spec.image_conditioned)
         vae = make_vae(spec).eval()
     trained = weights or {}
     for name, module in (("transformer", transformer), ("vae", vae), ("text_encoder", text_encoder)):

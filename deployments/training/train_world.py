@@ -127,7 +127,7 @@ def _probe(trainer: TeacherForcing, data: dict, held: int, vae_dir: Path):
     vae = json.loads((vae_dir / "config.json").read_text())
     mean, std = torch.tensor(vae["latents_mean"]), torch.tensor(vae["latents_std"])
     n, fpb = trainer.config.blocks, trainer.fpb
-    samples = [Sample(lat[:, : n * fpb].float(), list(mix[:n]), list(pose[:n]), False)
+    samples = [Sample.of_blocks(lat, list(range(n)), fpb, mix, pose, False)
                for lat, mix, pose in zip(data["latents"][-held:], data["mixes"][-held:], data["poses"][-held:])
                if lat.shape[1] >= n * fpb]
     return lambda: context_probe(trainer, samples, mean, std)

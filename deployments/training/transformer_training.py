@@ -17,8 +17,10 @@ The loss is flow matching's velocity (noise - x0) at the sigmas of the
 engine's own few-step schedule (`denoising_sigmas` with the checkpoint's
 shift), plus some at random sigmas. Context latents are sometimes slightly
 noised (still at t = 0), so the model tolerates its own imperfect blocks in
-the cache. Half the samples carry the start image (image-to-video), half
-none (text-to-video; see `builtin_world_model`).
+the cache, and so is the last frame each block is given in its condition
+channels (`conditioning.last_frame_condition`, built as the engine builds
+it). Half the samples carry the start image (image-to-video), half none
+(text-to-video; see `builtin_world_model`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from torch import nn
 
 from deployments.generation.attention import apply_rotary
 from deployments.generation.camera import plucker_rays
+from deployments.generation.conditioning import last_frame_condition
 from deployments.generation.schedule import denoising_sigmas
 from deployments.generation.text import prompt_states
 from deployments.training.lr_schedule import warmup_cosine
@@ -135,6 +138,14 @@ class Sample:
     mixes: list[tuple[tuple[str, float], ...]]  # per block
     poses: list  # per block: relative poses
     image: bool  # carries the start image (its first latent frame)
+    before: torch.Tensor  # (z, blocks, h, w): the trajectory's latent frame just before each block (zero for block 0)
+
+    @classmethod
+    def of_blocks(cls, latents: torch.Tensor, chosen: list[int], fpb: int, mixes: list, poses: list, image: bool) -> "Sample":
+        """Blocks `chosen` (the first is block 0) of a trajectory's latents (z, F, h, w) and per-block conditions."""
+        frames = torch.cat([latents[:, i * fpb : (i + 1) * fpb] for i in chosen], dim=1).float()
+        before = torch.stack([latents[:, i * fpb - 1] if i > 0 else torch.zeros_like(latents[:, 0]) for i in chosen], dim=1).float()
+        return cls(frames, [mixes[i] for i in chosen], [poses[i] for i in chosen], image, before)
 
 
 def sequence_blocks_for(sink_frames: int, window_frames: int, frames_per_block: int) -> int:
@@ -200,22 +211,29 @@ class TeacherForcing:
         noise = torch.randn(x0.shape, generator=generator)
         aug = torch.from_numpy(rng.random(b) < cfg.context_noise_fraction).float().view(b, 1, 1, 1, 1)
         clean = x0 + aug * cfg.context_noise * torch.randn(x0.shape, generator=generator)
-        v = self.velocity(samples, clean, sig, noise)
+        before = torch.stack([s.before for s in samples])
+        before = before + aug * cfg.context_noise * torch.randn(before.shape, generator=generator)
+        v = self.velocity(samples, clean, sig, noise, before)
         return F.mse_loss(v.float(), noise - x0)
 
-    def velocity(self, samples: list[Sample], clean: torch.Tensor, sig: np.ndarray, noise: torch.Tensor) -> torch.Tensor:
+    def condition(self, samples: list[Sample], before: torch.Tensor) -> torch.Tensor:
+        """Each block's last-frame channels, as the engine gives them: (B, 4 + z, F, h, w). Block 0 gets the
+        start image (the first latent frame) where the sample carries one; block k > 0 the frame before it."""
+        x0 = torch.stack([s.latents for s in samples])
+        image = torch.tensor([s.image for s in samples])
+        blocks = [last_frame_condition(x0[:, :, 0], self.fpb, 0, present=image)]
+        blocks += [last_frame_condition(before[:, :, k], self.fpb, 1) for k in range(1, before.shape[2])]
+        return torch.cat(blocks, dim=2)
+
+    def velocity(self, samples: list[Sample], clean: torch.Tensor, sig: np.ndarray, noise: torch.Tensor, before: torch.Tensor | None = None) -> torch.Tensor:
         """The velocity predicted for every block of every sample noised to its `sig` (B, blocks), each
-        given the `clean` blocks before it: (B, z, F, h, w)."""
+        given the `clean` blocks before it and the frame `before` it (default: the samples' own): (B, z, F, h, w)."""
         x0 = torch.stack([s.latents for s in samples])
         b, z, frames, h, w = x0.shape
         n = sig.shape[1]
         sig_frames = torch.from_numpy(np.repeat(sig, self.fpb, axis=1)).float().view(b, 1, frames, 1, 1)
         noisy = (1 - sig_frames) * x0 + sig_frames * noise
-        cond = torch.zeros((b, 4 + z, frames, h, w))
-        for i, s in enumerate(samples):
-            if s.image:
-                cond[i, :4, 0] = 1.0
-                cond[i, 4:, 0] = s.latents[:, 0]
+        cond = self.condition(samples, torch.stack([s.before for s in samples]) if before is None else before)
         x = torch.cat([torch.cat([clean, noisy], dim=2), torch.cat([cond, cond], dim=2)], dim=1)
 
         patch = self.transformer.config.patch_size
@@ -286,8 +304,7 @@ def train_transformer(
             t = int(rng.integers(len(latents)))
             available = latents[t].shape[1] // fpb
             chosen = sequence_blocks(rng, available, cfg.blocks, cfg.gap_fraction)
-            frames = torch.cat([latents[t][:, i * fpb : (i + 1) * fpb] for i in chosen], dim=1)
-            samples.append(Sample(frames.float(), [mixes[t][i] for i in chosen], [poses[t][i] for i in chosen], bool(rng.random() < cfg.image_fraction)))
+            samples.append(Sample.of_blocks(latents[t], chosen, fpb, mixes[t], poses[t], bool(rng.random() < cfg.image_fraction)))
         loss = trainer.loss(samples, rng, generator)
         opt.zero_grad(set_to_none=True)
         loss.backward()
