@@ -5,11 +5,13 @@ at sigma 1 is its best guess of that block from context alone. The VAE's
 anchored channels hold a half-resolution picture (`vae_training.anchor_target`),
 so each predicted latent frame can be compared as a picture, with no decoding:
 with the truth (PSNR), with the simplest use of context, copying the previous
-true frame (PSNR of that copy), and in motion (does the predicted frame move
-from the previous one the way the true one does?). A model that has learned
-its context beats the copy and follows the motion; the first run of the
-anchored model, 500 steps in, predicted 23 dB where the copy gives 36 dB, and
-its motion was at chance: it averaged its context instead of reading it.
+true frame (PSNR of that copy) or the frame the block is given in its
+condition channels (the last frame before the block, 1 to 3 frames back), and
+in motion (does the predicted frame move from the previous one the way the
+true one does?). A model that has learned its context beats the copies and
+follows the motion; the first run of the anchored model, 500 steps in,
+predicted 23 dB where the copy gives 36 dB, and its motion was at chance: it
+averaged its context instead of reading it.
 """
 
 from __future__ import annotations
@@ -45,12 +47,13 @@ def context_probe(trainer, samples: list, mean: torch.Tensor, std: torch.Tensor,
     finally:
         trainer.transformer.train(was_training)
     predicted = (1 - sigma) * x0 + sigma * noise - sigma * v
-    psnr, copy, true_dx, pred_dx = [], [], [], []
+    psnr, copy, given, true_dx, pred_dx = [], [], [], [], []
     for b in range(len(samples)):
         for j in range(trainer.fpb, x0.shape[2]):
             before, truth, guess = (anchored_picture(t, mean, std) for t in (x0[b, :, j - 1], x0[b, :, j], predicted[b, :, j]))
             psnr.append(measures.psnr(guess, truth))
             copy.append(measures.psnr(before, truth))
+            given.append(measures.psnr(anchored_picture(samples[b].before[:, j // trainer.fpb], mean, std), truth))
             true_dx.append(measures.displacement(before, truth, GROUND_ROWS)[0])
             pred_dx.append(measures.displacement(before, guess, GROUND_ROWS)[0])
     true_dx, pred_dx = np.array(true_dx), np.array(pred_dx)
@@ -59,6 +62,7 @@ def context_probe(trainer, samples: list, mean: torch.Tensor, std: torch.Tensor,
         "sigma": sigma,
         "psnr_db": round(float(np.mean(psnr)), 2),
         "copy_previous_psnr_db": round(float(np.mean(copy)), 2),
+        "given_frame_psnr_db": round(float(np.mean(given)), 2),
         "motion_sign_agreement": round(float(np.mean(np.sign(pred_dx[moving]) == np.sign(true_dx[moving]))), 3) if moving.any() else None,
         "moving_frames": int(moving.sum()),
     }
