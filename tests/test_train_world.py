@@ -25,7 +25,8 @@ def smoke_run(tmp_path_factory):
 def test_every_stage_leaves_its_output(smoke_run) -> None:
     work = smoke_run / "work"
     assert len(list((work / "data").glob("traj_*.npz"))) == 6
-    assert json.loads((work / "vae" / "training.json").read_text())["held_out_psnr_db"] > 0
+    vae_report = json.loads((work / "vae" / "training.json").read_text())
+    assert vae_report["held_out_psnr_db"] > 0 and vae_report["held_out_anchored_psnr_db"] > 0
     assert (work / "latents.pt").is_file() and (work / "transformer" / "checkpoint.pt").is_file()
     records = [json.loads(line) for line in (work / "train.log").read_text().splitlines()]
     assert {"render", "vae", "encode", "transformer", "export"} <= {r["stage"] for r in records}
