@@ -172,8 +172,10 @@ def test_a_remix_renders_the_video_again_under_a_new_prompt(client, served):
 
     original = frames(source)
     # Same prompt: the same video again (seed, length and actions kept); another prompt: another video.
-    assert np.abs(frames(same) - original).mean() < 1
-    assert np.abs(frames(night) - original).mean() > 0.5  # 2.7-3.1 seen (the tiny model, random seeds)
+    # How far another prompt moves the tiny random model's frames depends on the seed the replica drew
+    # (0.02 to 5 seen over 24 seeds), so the bound is the same-prompt remix's own difference.
+    same_diff, night_diff = (np.abs(frames(video) - original).mean() for video in (same, night))
+    assert same_diff < 0.01 and night_diff > same_diff
     with pytest.raises(openai.NotFoundError):
         client.videos.remix("video_" + "e" * 32, prompt="x")
     status, _, body = http("POST", f"{served.base}/v1/videos/{source.id}/remix", {"prompt": "x", "seed": 3})
