@@ -383,12 +383,11 @@ class WorldModelEngine:
         first = session.block_index == 0
         if self.last_frame_condition:
             given = session.image_latent if first else session.last_latent
-            if given is None:
-                return torch.zeros((b, 4 + z, f, h, w), device=self.device, dtype=torch.float32)
-            return last_frame_condition(given[:, :, -1], f, first_distance=0 if first else 1)
-        if session.image_latent is None:
+            if given is not None:
+                return last_frame_condition(given[:, :, -1], f, first_distance=0 if first else 1)
+        elif session.image_latent is None:
             return None
-        if first:
+        elif first:
             return image_condition(session.image_latent[:, :, 0], f)
         return torch.zeros((b, 4 + z, f, h, w), device=self.device, dtype=torch.float32)
 

@@ -216,10 +216,9 @@ class TeacherForcing:
         v = self.velocity(samples, clean, sig, noise, before)
         return F.mse_loss(v.float(), noise - x0)
 
-    def condition(self, samples: list[Sample], before: torch.Tensor) -> torch.Tensor:
+    def condition(self, samples: list[Sample], x0: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
         """Each block's last-frame channels, as the engine gives them: (B, 4 + z, F, h, w). Block 0 gets the
-        start image (the first latent frame) where the sample carries one; block k > 0 the frame before it."""
-        x0 = torch.stack([s.latents for s in samples])
+        start image (the first latent frame of `x0`) where the sample carries one; block k > 0 the frame before it."""
         image = torch.tensor([s.image for s in samples])
         blocks = [last_frame_condition(x0[:, :, 0], self.fpb, 0, present=image)]
         blocks += [last_frame_condition(before[:, :, k], self.fpb, 1) for k in range(1, before.shape[2])]
@@ -233,7 +232,7 @@ class TeacherForcing:
         n = sig.shape[1]
         sig_frames = torch.from_numpy(np.repeat(sig, self.fpb, axis=1)).float().view(b, 1, frames, 1, 1)
         noisy = (1 - sig_frames) * x0 + sig_frames * noise
-        cond = self.condition(samples, torch.stack([s.before for s in samples]) if before is None else before)
+        cond = self.condition(samples, x0, torch.stack([s.before for s in samples]) if before is None else before)
         x = torch.cat([torch.cat([clean, noisy], dim=2), torch.cat([cond, cond], dim=2)], dim=1)
 
         patch = self.transformer.config.patch_size
