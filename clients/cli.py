@@ -83,6 +83,23 @@ writes OUT/chunk_NNN.npy (uint8 [T,H,W,3]), OUT/chunk_NNN.json (block metadata
 """
 
 
+def _module_command(name: str, module: str, help: str, description: str) -> Command:
+    """A command whose module (`clients.<module>`) holds `add_arguments`, `main` and `EPILOG`, imported only when
+    the parser is built (the module's top level imports nothing heavy)."""
+
+    def load():
+        return __import__(f"clients.{module}", fromlist=["add_arguments", "main", "EPILOG"])
+
+    return Command(
+        name=name,
+        help=help,
+        add_arguments=lambda parser: load().add_arguments(parser),
+        run=lambda args: load().main(args),
+        description=description,
+        epilog=load().EPILOG,
+    )
+
+
 COMMANDS: list[Command] = [
     Command(
         name="make-models",
@@ -100,32 +117,34 @@ COMMANDS: list[Command] = [
         description="Drive one world-model session block by block in this process (no server) and save every block.",
         epilog=ROLLOUT_EPILOG,
     ),
-    Command(
-        name="train-world",
+    _module_command(
+        "import-checkpoint",
+        "import_checkpoint",
+        help="turn a published causal Wan checkpoint (Self-Forcing, CausVid, ...) and its Wan base into a world-model folder",
+        description="Read a causal Wan transformer as its project ships it (original Wan naming, training wrappers), "
+        "convert it with diffusers' single-file converter, check it against the base's config, and write a folder "
+        "that `rtv rollout --model`, serve_config.yaml and KubeRay take.",
+    ),
+    _module_command(
+        "train-world",
+        "train_world",
         help="train the built-in world model on the procedural world (resumable; --smoke for a quick check)",
-        add_arguments=lambda parser: __import__("clients.train_world", fromlist=["add_arguments"]).add_arguments(parser),
-        run=lambda args: __import__("clients.train_world", fromlist=["main"]).main(args),
         description="Render the procedural world, train the VAE, then the causal transformer with its camera adapter, "
         "and write the weights in the layout `deployments/models/builtin_world_model.py` installs.",
-        epilog=__import__("clients.train_world", fromlist=["EPILOG"]).EPILOG,
     ),
-    Command(
-        name="generate",
+    _module_command(
+        "generate",
+        "generate",
         help="stream one session from a running server into an MP4 (+ JSON summary)",
-        add_arguments=lambda parser: __import__("clients.generate", fromlist=["add_arguments"]).add_arguments(parser),
-        run=lambda args: __import__("clients.generate", fromlist=["main"]).main(args),
         description="Stream one /v1/realtime/video session: send session.start and scripted interactions, "
         "show live progress, write a playable MP4 and a JSON summary.",
-        epilog=__import__("clients.generate", fromlist=["EPILOG"]).EPILOG,
     ),
-    Command(
-        name="chat",
+    _module_command(
+        "chat",
+        "chat",
         help="stream a video file (and its audio) to a running server and print the answers to queries",
-        add_arguments=lambda parser: __import__("clients.chat", fromlist=["add_arguments"]).add_arguments(parser),
-        run=lambda args: __import__("clients.chat", fromlist=["main"]).main(args),
         description="Play a video file to /v1/video/chat/stream like a live camera (JPEG frames at --fps, "
         "16 kHz audio, real-time pacing), ask queries at given times and stream the answers to stdout.",
-        epilog=__import__("clients.chat", fromlist=["EPILOG"]).EPILOG,
     ),
 ]
 

@@ -128,6 +128,9 @@ class RolloutPlan:
     image_path: Path | None = None
     actions: list[Actions] | None = None
     action_script: Path | None = None
+    request_id: str | None = None  # default: "rollout-" + a fresh uuid
+    device: str = "cpu"
+    dtype: str = "float32"  # the transformer's and text encoder's; the VAE stays float32
 
 
 def prepare_rollout(
@@ -141,6 +144,9 @@ def prepare_rollout(
     height: int = DEFAULT_HEIGHT,
     width: int = DEFAULT_WIDTH,
     seed: int | None = DEFAULT_SEED,
+    request_id: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> RolloutPlan:
     """Check every input that can be checked without loading the model; raises RolloutInputError."""
     from deployments.generation.geometry import (
@@ -149,9 +155,12 @@ def prepare_rollout(
         read_traits,
     )
 
-    model_dir = Path(model)
-    if not model_dir.exists():
-        raise RolloutInputError(f"model folder {model_dir} does not exist")
+    from deployments.models.locate import locate_model
+
+    try:
+        model_dir = locate_model(model)  # a folder, or a hub id found in (or fetched to) the hub's cache
+    except CheckpointError as exc:
+        raise RolloutInputError(_one_line(exc)) from None
     if not model_dir.is_dir():
         raise RolloutInputError(f"model path {model_dir} is not a folder")
     try:
@@ -202,6 +211,9 @@ def prepare_rollout(
     else:
         blocks = num_blocks if num_blocks is not None else DEFAULT_NUM_BLOCKS
 
+    if request_id is not None and (not isinstance(request_id, str) or not request_id.strip()):
+        raise RolloutInputError("--request-id must be a non-blank string")
+    device, dtype = _device_and_dtype(device, dtype)
     return RolloutPlan(
         model=model_dir,
         prompt=prompt,
@@ -215,7 +227,30 @@ def prepare_rollout(
         image_path=Path(image) if image is not None else None,
         actions=actions,
         action_script=Path(action_script) if action_script is not None else None,
+        request_id=request_id,
+        device=device,
+        dtype=dtype,
     )
+
+
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+
+
+def _device_and_dtype(device: str | None, dtype: str | None) -> tuple[str, str]:
+    """The seed's defaults: a GPU when there is one (bfloat16 there), else the CPU in float32."""
+    import torch
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise RolloutInputError(f"--device must be cpu or cuda (or cuda:N), got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RolloutInputError(f"--device {device}: no CUDA device is visible to this process")
+    if dtype is None:
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    if dtype not in DTYPE_NAMES:
+        raise RolloutInputError(f"--dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
+    return device, dtype
 
 
 # -- running -----------------------------------------------------------------------
@@ -270,7 +305,9 @@ def run_rollout(plan: RolloutPlan, log: Callable[[str], None] | None = None, eng
         from deployments.generation.engine import WorldModelEngine
 
         try:
-            engine = WorldModelEngine.from_pretrained(plan.model)
+            import torch
+
+            engine = WorldModelEngine.from_pretrained(plan.model, device=plan.device, dtype=getattr(torch, plan.dtype))
         except (CheckpointError, ValueError, OSError) as exc:
             raise RolloutInputError(f"cannot load model {plan.model}: {_one_line(exc)}") from None
     geometry = engine.geometry
@@ -326,8 +363,10 @@ def run_rollout(plan: RolloutPlan, log: Callable[[str], None] | None = None, eng
         and all(c["num_frames"] == geometry.frames_in_block(c["index"]) for c in chunks)
     )
     summary = {
-        "request_id": "rollout-" + uuid.uuid4().hex,
+        "request_id": plan.request_id or "rollout-" + uuid.uuid4().hex,
         "model": str(plan.model),
+        "device": plan.device,
+        "dtype": plan.dtype,
         "prompt": plan.prompt,
         "seed": session.seed,
         "height": plan.height,
@@ -371,6 +410,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--height", type=int, default=DEFAULT_HEIGHT, help=f"frame height, a multiple of the model's size multiple (default: {DEFAULT_HEIGHT}, sized for the tiny models; real Wan checkpoints use 480)")
     parser.add_argument("--width", type=int, default=DEFAULT_WIDTH, help=f"frame width (default: {DEFAULT_WIDTH}; real Wan checkpoints use 832)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"noise seed, a non-negative integer (default: {DEFAULT_SEED})")
+    parser.add_argument("--request-id", metavar="ID", help="the id written into summary.json (default: rollout- and a fresh uuid)")
+    parser.add_argument("--device", metavar="DEV", help="cpu, cuda or cuda:N (default: cuda when a GPU is visible, else cpu)")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, help="transformer and text-encoder dtype (default: bfloat16 on a GPU, float32 on the CPU)")
     from clients.generate import add_rollout_url_argument  # argparse only
 
     add_rollout_url_argument(parser)
@@ -396,6 +438,9 @@ def main(args) -> int:
             height=args.height,
             width=args.width,
             seed=args.seed,
+            request_id=args.request_id,
+            device=args.device,
+            dtype=args.dtype,
         )
         summary = run_rollout(plan, log=lambda line: print(line, flush=True))
     except RolloutInputError as exc:

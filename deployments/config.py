@@ -18,7 +18,8 @@ from pydantic import (
 class AppConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # The world model: a causal Wan checkpoint folder in the diffusers layout.
+    # The world model: a causal Wan checkpoint folder in the diffusers layout, or a hub id (org/name) resolved
+    # through the Hugging Face cache (offline: the cache only).
     model: str = "models/world-model"
     served_model_name: str | None = None  # default: the folder's name
     # Build the tiny random-weight models into the model's parent folder when it is absent.

@@ -187,6 +187,20 @@ def test_rollout_image_to_video(i2v_model: pathlib.Path, inputs: pathlib.Path, t
     assert "2/2 blocks" in captured.out and "matches" in captured.out
 
 
+@pytest.mark.timeout(120)
+def test_rollout_takes_the_seed_request_id_device_and_dtype(t2v_model: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    def frames(out, *extra):
+        assert cli.main(["rollout", "--model", str(t2v_model), "--prompt", "a red room", "--num-blocks", "1", "--output-dir", str(out), *extra]) == 0
+        return json.loads((out / "summary.json").read_text()), np.load(out / "chunk_000.npy")
+
+    named, full = frames(tmp_path / "a", "--request-id", "req-42", "--device", "cpu", "--dtype", "float32")
+    assert (named["request_id"], named["device"], named["dtype"]) == ("req-42", "cpu", "float32")
+    half, reduced = frames(tmp_path / "b", "--dtype", "bfloat16")
+    assert half["dtype"] == "bfloat16" and half["request_id"].startswith("rollout-")
+    # The dtype reaches the model: the same seed gives other frames in bfloat16.
+    assert not np.array_equal(full, reduced)
+
+
 def test_block_count_defaults(t2v_model: pathlib.Path, inputs: pathlib.Path, tmp_path: pathlib.Path) -> None:
     assert prepare_rollout(t2v_model, "x", tmp_path).num_blocks == 4
     assert prepare_rollout(t2v_model, "x", tmp_path, num_blocks=2).num_blocks == 2
@@ -231,6 +245,8 @@ BAD_INPUTS = {
     "num-blocks-disagrees": (["--num-blocks", "2"], '[[["w"], [], []], [[], [], []], [[], [], []]]', "--num-blocks 2 disagrees"),
     "num-blocks-zero": (["--num-blocks", "0"], None, "--num-blocks must be a positive integer"),
     "actions-without-camera": (["--model", "{nocam}"], '[[["w"], [], []]]', "no camera adapter"),
+    "unknown-device": (["--device", "tpu"], None, "--device must be cpu or cuda"),
+    "blank-request-id": (["--request-id", " "], None, "--request-id must be a non-blank string"),
 }
 SUBPROCESS_CASES = ("invalid-json", "unknown-key", "height-not-multiple")
 

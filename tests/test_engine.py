@@ -51,8 +51,21 @@ def test_checkpoint_without_ar_keys_is_refused_naming_them(world_model_dir, tmp_
     for key in ("sink_size", "sliding_window_num_frames"):
         del config[key]
     config_path.write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="missing transformer/config.json:sink_size, transformer/config.json:sliding_window_num_frames"):
+    with pytest.raises(CheckpointError, match="missing transformer/config.json:sink_size, transformer/config.json:sliding_window_num_frames") as refused:
         WorldModelEngine.from_pretrained(copy)
+    # The way out is named: the importer and the three flags that write the geometry.
+    assert "rtv import-checkpoint" in str(refused.value)
+    assert all(flag in str(refused.value) for flag in ("--frames-per-block", "--sink-size", "--window-frames"))
+
+
+def test_a_stock_vae_config_without_scale_factors_reads_as_wan(world_model_dir, tmp_path):
+    copy = shutil.copytree(world_model_dir, tmp_path / "stock-vae")
+    config_path = copy / "vae" / "config.json"
+    config = json.loads(config_path.read_text())
+    del config["scale_factor_temporal"], config["scale_factor_spatial"]
+    config_path.write_text(json.dumps(config))
+    g = read_geometry(copy)
+    assert (g.scale_factor_temporal, g.scale_factor_spatial) == (4, 8)
 
 
 def test_missing_folder_is_refused(tmp_path):

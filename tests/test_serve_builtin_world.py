@@ -8,14 +8,12 @@ frame), the fMP4 stream decoded with PyAV and measured block by block.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 
-import av
 import numpy as np
 import pytest
 from conftest import app_args, deployed
-from wsclient import Transcript, connect, run_to_end
+from wsclient import Transcript, connect, decode_frames, run_to_end
 
 from deployments.training import measures
 from deployments.training.behaviour import LOWER_HALF, PAN_PROMPT, sign_agreement, split_blocks
@@ -52,9 +50,7 @@ async def _session(address: str, key: str) -> Transcript:
 
 
 def _blocks(stream: bytes) -> list[np.ndarray]:
-    with av.open(io.BytesIO(stream)) as container:
-        frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
-    return split_blocks(frames, BLOCKS)
+    return split_blocks(np.stack(decode_frames(stream)), BLOCKS)
 
 
 def test_keys_sent_over_the_websocket_pan_the_served_view(address) -> None:

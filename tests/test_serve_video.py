@@ -7,10 +7,9 @@ import shutil
 import subprocess
 import time
 
-import av
 import pytest
 from conftest import app_args
-from wsclient import Transcript, connect, run_to_end, send, start, until
+from wsclient import Transcript, connect, decode_frames, run_to_end, send, start, until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -31,11 +30,6 @@ def address(serve_address, world_model_dir):
 
 def run(coro):
     return asyncio.run(coro)
-
-
-def decode_frames(stream: bytes) -> list:
-    with av.open(io.BytesIO(stream)) as container:
-        return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
 
 
 async def full_session(address, **fields):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from dataclasses import dataclass, field
 
@@ -86,3 +87,11 @@ async def start(address: str, path: str = "/v1/realtime/video", **fields) -> tup
 
 async def send(ws, message: dict | str | bytes) -> None:
     await ws.send(message if isinstance(message, (str, bytes)) else json.dumps(message))
+
+
+def decode_frames(stream: bytes) -> list:
+    """A session's fMP4 stream decoded with PyAV: its frames as uint8 (H, W, 3) RGB arrays."""
+    import av
+
+    with av.open(io.BytesIO(stream)) as container:
+        return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]

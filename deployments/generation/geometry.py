@@ -10,6 +10,12 @@ from deployments.protocol.timeline import frames_for_blocks, frames_in_block
 
 AR_KEYS = ("num_frames_per_block", "sink_size", "sliding_window_num_frames")
 VAE_KEYS = ("scale_factor_temporal", "scale_factor_spatial")
+# What `AutoencoderKLWan` itself assumes when a (stock, older) config does not say.
+WAN_VAE_SCALE_FACTORS = {"scale_factor_temporal": 4, "scale_factor_spatial": 8}
+IMPORT_HINT = (
+    "a published causal checkpoint (Self-Forcing, CausVid, ...) or a stock Wan base becomes one with "
+    "`rtv import-checkpoint --weights FILE --base DIR --output DIR --frames-per-block N --sink-size N --window-frames N`"
+)
 
 
 class CheckpointError(ValueError):
@@ -71,12 +77,9 @@ def read_geometry(checkpoint: str | Path) -> ARGeometry:
     transformer = _read_json(root / "transformer" / "config.json")
     vae = _read_json(root / "vae" / "config.json")
     missing = [f"transformer/config.json:{k}" for k in AR_KEYS if transformer.get(k) is None]
-    missing += [f"vae/config.json:{k}" for k in VAE_KEYS if vae.get(k) is None]
     if missing:
-        raise CheckpointError(
-            f"{root} is not a causal (autoregressive) world model: missing {', '.join(missing)}"
-        )
-    values = {k: transformer[k] for k in AR_KEYS} | {k: vae[k] for k in VAE_KEYS}
+        raise CheckpointError(f"{root} is not a causal (autoregressive) world model: missing {', '.join(missing)}; {IMPORT_HINT}")
+    values = {k: transformer[k] for k in AR_KEYS} | {k: vae.get(k, WAN_VAE_SCALE_FACTORS[k]) for k in VAE_KEYS}
     bad = [f"{k}={v!r}" for k, v in values.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0]
     if bad or values["num_frames_per_block"] < 1 or values["scale_factor_temporal"] < 1:
         raise CheckpointError(f"{root}: AR geometry must be non-negative integers (block >= 1): {', '.join(bad) or values}")

@@ -52,6 +52,7 @@ class WorldModelServer:
         from ray import serve
 
         from deployments.models.ensure import ensure_tiny_models
+        from deployments.models.locate import locate_model
         from deployments.sessions.mailbox import MailboxActor
         from deployments.world_model.engine_host import make_engine_host
 
@@ -59,7 +60,7 @@ class WorldModelServer:
             torch.set_num_threads(config.torch_threads)
 
         self.config = config
-        path = ensure_tiny_models(config.model_path) if config.build_tiny_models else config.model_path
+        path = ensure_tiny_models(config.model_path) if config.build_tiny_models else locate_model(config.model)
         self.host = make_engine_host(path, config.accelerator, config.torch_dtype, config.torch_vae_dtype, config.tensor_parallel_size)
         self.host.start()
         self.capacity, self.footprint = self.host.capacity(
