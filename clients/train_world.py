@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of training (default: 0)")
     parser.add_argument("--trajectories", type=int, help="trajectories to render (default: 640; the VAE trains on the first 320)")
     parser.add_argument("--vae-steps", type=int, help="VAE training steps of each phase (default: 600 on short clips, 1000 mid-stream, 150 decoder-only)")
-    parser.add_argument("--steps", type=int, help="transformer training steps (default: 1600)")
+    parser.add_argument("--steps", type=int, help="transformer training steps (default: 2000)")
     parser.add_argument("--workers", type=int, help="rendering processes (default: 2)")
     parser.add_argument("--threads", type=int, help="torch threads (default: 2)")
     parser.add_argument("--stages", help="comma-separated stages to run (default: all)")

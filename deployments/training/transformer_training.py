@@ -50,7 +50,7 @@ class TransformerTraining:
     # sequence sees exactly what the engine's full cache holds (`sequence_blocks_for` sets it from the spec).
     blocks: int = 4
     batch: int = 5
-    steps: int = 1600
+    steps: int = 2000
     lr: float = 1e-3
     min_lr: float = 5e-5
     warmup: int = 50
