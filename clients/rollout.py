@@ -365,8 +365,6 @@ def run_rollout(plan: RolloutPlan, log: Callable[[str], None] | None = None, eng
     summary = {
         "request_id": plan.request_id or "rollout-" + uuid.uuid4().hex,
         "model": str(plan.model),
-        "device": plan.device,
-        "dtype": plan.dtype,
         "prompt": plan.prompt,
         "seed": session.seed,
         "height": plan.height,

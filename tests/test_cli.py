@@ -194,9 +194,9 @@ def test_rollout_takes_the_seed_request_id_device_and_dtype(t2v_model: pathlib.P
         return json.loads((out / "summary.json").read_text()), np.load(out / "chunk_000.npy")
 
     named, full = frames(tmp_path / "a", "--request-id", "req-42", "--device", "cpu", "--dtype", "float32")
-    assert (named["request_id"], named["device"], named["dtype"]) == ("req-42", "cpu", "float32")
-    half, reduced = frames(tmp_path / "b", "--dtype", "bfloat16")
-    assert half["dtype"] == "bfloat16" and half["request_id"].startswith("rollout-")
+    assert named["request_id"] == "req-42"
+    unnamed, reduced = frames(tmp_path / "b", "--dtype", "bfloat16")
+    assert unnamed["request_id"].startswith("rollout-")
     # The dtype reaches the model: the same seed gives other frames in bfloat16.
     assert not np.array_equal(full, reduced)
 
