@@ -2,7 +2,7 @@
 
 import asyncio
 
-from deployments.sessions.mailbox import CLOSED_IDS_KEPT, Mailbox
+from deployments.sessions.mailbox import CLOSED_IDS_KEPT, STALE_AFTER_LEASES, Mailbox
 
 
 def test_posts_arrive_in_order_and_a_closed_session_takes_no_more():
@@ -49,3 +49,19 @@ def test_a_lease_expires_without_renewal_and_wait_take_wakes_on_a_post():
         assert box.renew("s") and not box.take("s").lease_expired
 
     asyncio.run(go())
+
+
+def test_a_box_long_past_its_lease_is_dropped_even_without_its_close(monkeypatch):
+    import deployments.sessions.mailbox as mailbox
+
+    now = [100.0]
+    monkeypatch.setattr(mailbox.time, "monotonic", lambda: now[0])
+    box = Mailbox()
+    box.open("lost", lease_s=1.0)  # its close never comes
+    box.open("alive", lease_s=1.0)
+    now[0] += STALE_AFTER_LEASES * 1.0 - 0.5
+    assert box.renew("alive")
+    assert box.sessions() == ["lost", "alive"]  # expired, but not long enough to be dropped
+    now[0] += 1.0
+    assert box.sessions() == ["alive"]
+    assert box.take("lost").lease_expired and not box.post("lost", "late")

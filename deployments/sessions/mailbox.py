@@ -34,6 +34,10 @@ class Delivery:
 # Session ids are unique, so a closed id only has to be remembered while a late `open` for it may
 # still be on its way; this many is far more than the sessions a replica ends in that time.
 CLOSED_IDS_KEPT = 4096
+# A box whose lease ran out this many leases ago belongs to a session that has ended or is ending (its
+# replica reads an expired lease, or a missing box, as "drop the session" alike), so it is dropped even
+# if its close never came: a close lost on some cancellation path cannot leak boxes for the replica's life.
+STALE_AFTER_LEASES = 4
 
 
 class Mailbox:
@@ -51,7 +55,8 @@ class Mailbox:
         """
         if session_id in self._closed:
             return False
-        self._boxes[session_id] = _Box(lease_s)
+        self._drop_stale()
+        self._boxes[session_id] = _Box(lease_s, renewed_at=time.monotonic())
         return True
 
     def post(self, session_id: str, message: Any) -> bool:
@@ -98,7 +103,13 @@ class Mailbox:
             box.arrived.set()  # wake a waiter: its session is gone
 
     def sessions(self) -> list[str]:
+        self._drop_stale()
         return list(self._boxes)
+
+    def _drop_stale(self) -> None:
+        now = time.monotonic()
+        for session_id in [s for s, box in self._boxes.items() if now - box.renewed_at > STALE_AFTER_LEASES * box.lease_s]:
+            self._boxes.pop(session_id).arrived.set()
 
 
 # Async actor: a `wait_take` in progress must not hold up `post` (Ray runs its coroutines concurrently).
