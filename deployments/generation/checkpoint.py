@@ -49,7 +49,7 @@ def _scheduler_settings(root: Path) -> tuple[float, list[float] | None]:
 
 
 @contextmanager
-def _quiet_loading():
+def quiet_loading():
     """The AR keys are extra to the stock transformer config; diffusers warns about them on every load."""
     from diffusers.utils import logging as dlog
     from transformers.utils import logging as tlog
@@ -90,7 +90,7 @@ def load_world_model(
         check_shardable(json.loads((root / "transformer" / "config.json").read_text()), tensor_parallel.world_size)
         if torch.device(device).type != tensor_parallel.device_type:
             raise ValueError(f"device {device} does not match the tensor-parallel mesh's {tensor_parallel.device_type}")
-    with _quiet_loading():
+    with quiet_loading():
         components = _load(root, geometry, traits, device, dtype, vae_dtype)
     if tensor_parallel is not None:
         shard_transformer(components.transformer, tensor_parallel)

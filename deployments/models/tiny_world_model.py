@@ -222,8 +222,13 @@ def _cast(module: torch.nn.Module, dtype: torch.dtype) -> None:
         return
     keep = getattr(module, "_keep_in_fp32_modules", None) or []
     for name, param in module.named_parameters():
-        if param.is_floating_point() and not any(part in keep for part in name.split(".")):
+        if param.is_floating_point() and not keeps_fp32(name, keep):
             param.data = param.data.to(dtype)
+
+
+def keeps_fp32(name: str, keep: list[str] | tuple[str, ...]) -> bool:
+    """Whether a parameter belongs to a module diffusers keeps in float32 whatever the model's dtype."""
+    return any(part in keep for part in name.split("."))
 
 
 def make_models(out_dir: str | os.PathLike, seed: int = 0, trained: bool = True) -> dict[str, Path]:

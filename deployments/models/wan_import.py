@@ -170,9 +170,9 @@ def expected_tensors(config: Mapping) -> dict[str, torch.Size]:
     """Names and shapes of the base transformer's parameters, from its config alone (no weights made)."""
     from diffusers import WanTransformer3DModel
 
-    from deployments.generation.checkpoint import _quiet_loading
+    from deployments.generation.checkpoint import quiet_loading
 
-    with _quiet_loading(), torch.device("meta"):
+    with quiet_loading(), torch.device("meta"):
         model = WanTransformer3DModel.from_config(dict(config))
     return {n: t.shape for n, t in model.state_dict().items()}
 
@@ -195,13 +195,11 @@ def check_tensors(state: Mapping[str, torch.Tensor], expected: Mapping[str, torc
         )
 
 
-def keeps_fp32(name: str, keep: list[str] | tuple[str, ...]) -> bool:
-    """Whether a parameter belongs to a module diffusers keeps in float32 whatever the model's dtype."""
-    return any(part in keep for part in name.split("."))
-
-
 def cast_state(state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The dtype asked for, except where diffusers keeps float32 (the rule `build_world_model` saves by)."""
     from diffusers import WanTransformer3DModel
+
+    from deployments.models.tiny_world_model import keeps_fp32
 
     keep = WanTransformer3DModel._keep_in_fp32_modules or []
     out = {}
