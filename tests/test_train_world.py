@@ -159,3 +159,94 @@ def test_teacher_forcing_predicts_what_the_engine_predicts(tmp_path) -> None:
     blank = Sample(sample.latents, sample.mixes, sample.poses, False, torch.zeros_like(sample.before))
     with torch.no_grad():
         assert not torch.allclose(trainer.velocity([blank], latents[None], sig, noise)[:, :, 3:], seen["velocity"], atol=1e-3)
+
+
+def test_copy_init_starts_every_block_at_the_frame_it_is_given(tmp_path) -> None:
+    """After `init_as_copy` the stock transformer's velocity at sigma 1 is `noise - given`: a block's clean
+    estimate is the last frame before it, whatever the noise, the prompt or the camera."""
+    from deployments.generation.camera import Pose
+    from deployments.generation.checkpoint import load_world_model
+    from deployments.models.tiny_world_model import WorldModelSpec, make_world_model
+    from deployments.training.copy_init import init_as_copy
+    from deployments.training.transformer_training import Sample, TeacherForcing, TransformerTraining
+
+    spec = WorldModelSpec(last_frame_condition=True, num_attention_heads=2, attention_head_dim=66)
+    parts = load_world_model(make_world_model(tmp_path / "last-frame", spec))
+    trainer = TeacherForcing(parts.transformer, parts.camera_adapter, parts.text_encoder, parts.tokenizer, height=64, width=64,
+                             frames_per_block=3, shift=parts.flow_shift, config=TransformerTraining(blocks=3))
+    torch.manual_seed(0)
+    latents = torch.randn(16, 9, 8, 8)
+    poses = [(Pose(translation=(0.1 * i, 0.0, 0.0)),) * 3 for i in range(3)]
+    sample = Sample.of_blocks(latents, [0, 1, 2], 3, [(("a snowy field", 1.0),)] * 3, poses, False)
+    noise = torch.randn(1, 16, 9, 8, 8)
+    sig = np.ones((1, 3))
+    # Blocks 1 and 2 are given the frame before them on each of their frames.
+    given = sample.before[:, 1:].repeat_interleave(3, dim=1)[None]
+
+    def error() -> float:
+        with torch.no_grad():
+            v = trainer.velocity([sample], latents[None], sig, noise)[:, :, 3:]
+        target = noise[:, :, 3:] - given
+        return float((v - target).norm() / target.norm())
+
+    assert error() > 0.9
+    init_as_copy(parts.transformer, parts.camera_adapter)
+    assert error() < 0.1
+    # The blocks read the given frame but not the constant anchors that steady the output norm.
+    seen = []
+    hook = parts.transformer.blocks[0].attn1.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    error()
+    hook.remove()
+    block_input = seen[0][0, -64:]  # the last block's noisy tokens
+    assert block_input[:, -2:].abs().max() < 1e-5 and block_input[:, 64:128].abs().mean() > 0.1
+
+
+def test_copy_init_refuses_a_transformer_without_the_frame_channels(tmp_path) -> None:
+    from deployments.generation.checkpoint import load_world_model
+    from deployments.models.tiny_world_model import WorldModelSpec, make_world_model
+    from deployments.training.copy_init import init_as_copy
+
+    parts = load_world_model(make_world_model(tmp_path / "t2v", WorldModelSpec(num_attention_heads=2, attention_head_dim=66)))
+    with pytest.raises(ValueError, match=r"\(36 input channels\), not 16"):
+        init_as_copy(parts.transformer)
+
+
+def test_switch_weight_leaves_prompt_transitions_out_of_the_loss(tmp_path) -> None:
+    """With `switch_weight=0` the loss is the plain loss over the blocks whose prompt did not change."""
+    from dataclasses import replace
+
+    from deployments.generation.camera import Pose
+    from deployments.generation.checkpoint import load_world_model
+    from deployments.models.tiny_world_model import WorldModelSpec, make_world_model
+    from deployments.training.transformer_training import Sample, TeacherForcing, TransformerTraining
+
+    parts = load_world_model(make_world_model(tmp_path / "last-frame", WorldModelSpec(last_frame_condition=True)))
+    trainer = TeacherForcing(parts.transformer, parts.camera_adapter, parts.text_encoder, parts.tokenizer, height=64, width=64,
+                             frames_per_block=3, shift=parts.flow_shift, config=TransformerTraining(blocks=3))
+    torch.manual_seed(0)
+    latents = torch.randn(16, 12, 8, 8)
+    snow, lava = (("a snowy field", 1.0),), (("a lava field", 1.0),)
+    sample = Sample.of_blocks(latents, [0, 1, 3], 3, [snow, snow, snow, lava], [(Pose(),) * 3] * 4, False)
+    assert sample.switching == (False, False, True)  # block 3 follows block 2's prompt, not block 1's
+
+    def loss(config: TransformerTraining) -> torch.Tensor:
+        trainer.config = config
+        with torch.no_grad():
+            return trainer.loss([sample], np.random.default_rng(1), torch.Generator().manual_seed(1))
+
+    def kept_only(rng_seed: int) -> torch.Tensor:  # the same draw, measured on blocks 0 and 1 alone
+        rng, generator = np.random.default_rng(rng_seed), torch.Generator().manual_seed(rng_seed)
+        cfg = trainer.config
+        x0 = sample.latents[None]
+        sig = np.where(rng.random((1, 3)) < cfg.schedule_fraction, rng.choice(trainer.sigmas, size=(1, 3)), 0.0)
+        noise = torch.randn(x0.shape, generator=generator)
+        with torch.no_grad():
+            v = trainer.velocity([sample], x0, sig, noise)
+        return ((v - (noise - x0))[:, :, :6] ** 2).mean()
+
+    plain = loss(TransformerTraining(blocks=3, schedule_fraction=1.0, context_noise_fraction=0.0))
+    without = loss(TransformerTraining(blocks=3, schedule_fraction=1.0, context_noise_fraction=0.0, switch_weight=0.0))
+    torch.testing.assert_close(without, kept_only(1))
+    assert not torch.isclose(plain, without)
+    halved = loss(replace(trainer.config, switch_weight=0.5))
+    assert min(plain, without) < halved < max(plain, without)

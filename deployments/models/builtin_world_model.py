@@ -40,6 +40,7 @@ BUILTIN_SPEC = WorldModelSpec(
     freq_dim=64,
     patch_size=(1, 2, 2),
     flow_shift=1.0,
+    denoising_step_list=(1000.0,),
     vae_base_dim=16,
     vae_dim_mult=(1, 2, 4),
     vae_temporal_downsample=(True, True),

@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 from deployments.models.builtin_world_model import BUILTIN_SPEC, save_shipped
+from deployments.training.copy_init import init_as_copy
 from deployments.training.dataset import list_trajectories, load_trajectory, render_dataset
 from deployments.training.transformer_training import Sample, TeacherForcing, TransformerTraining, sequence_blocks_for, train_transformer
 from deployments.training.vae_training import VAETraining, encode_video, train_vae, vae_trained
@@ -148,10 +149,13 @@ def _trainer(work: Path, config: WorldTraining, seed: int) -> TeacherForcing:
     adapter = CameraAdapter.from_pretrained(init, subfolder="camera_adapter").train()
     text_encoder = UMT5EncoderModel.from_pretrained(init / "text_encoder").eval()  # no dropout; gradients still flow
     tokenizer = AutoTokenizer.from_pretrained(init / "tokenizer")
+    if config.transformer.copy_init:
+        init_as_copy(transformer, adapter)
     spec = BUILTIN_SPEC
     blocks = sequence_blocks_for(spec.sink_size, spec.sliding_window_num_frames, spec.num_frames_per_block)
     return TeacherForcing(
         transformer, adapter, text_encoder, tokenizer,
         height=config.height, width=config.width, frames_per_block=spec.num_frames_per_block,
         shift=spec.flow_shift, config=replace(config.transformer, blocks=blocks),
+        timesteps=list(spec.denoising_step_list) if spec.denoising_step_list else None,
     )

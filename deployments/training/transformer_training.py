@@ -14,8 +14,13 @@ slides (the engine numbers cached frames from 0 in cache order, and so do
 these sequences).
 
 The loss is flow matching's velocity (noise - x0) at the sigmas of the
-engine's own few-step schedule (`denoising_sigmas` with the checkpoint's
-shift), plus some at random sigmas. Context latents are sometimes slightly
+checkpoint's own schedule (its `denoising_step_list`, else the engine's four
+steps, with its shift), plus some at random sigmas. Blocks inside a prompt
+transition can be weighted down (`switch_weight`): at the copy they carry
+about two thirds of the error though they are a fifth of the blocks, so
+their colour change drowns the camera's motion in the gradient. The
+transformer starts as a copy of the frame each block is given
+(`copy_init`). Context latents are sometimes slightly
 noised (still at t = 0), so the model tolerates its own imperfect blocks in
 the cache, and so is the last frame each block is given in its condition
 channels (`conditioning.last_frame_condition`, built as the engine builds
@@ -51,16 +56,18 @@ class TransformerTraining:
     blocks: int = 4
     batch: int = 5
     steps: int = 2000
-    lr: float = 1e-3
-    min_lr: float = 5e-5
+    lr: float = 3e-4
+    min_lr: float = 1e-5
     warmup: int = 50
     weight_decay: float = 0.01
     image_fraction: float = 0.5
-    schedule_fraction: float = 0.8  # noisy blocks at the engine's own sigmas; the rest uniform
+    schedule_fraction: float = 1.0  # noisy blocks at the checkpoint's own sigmas; the rest uniform
     context_noise: float = 0.05
     context_noise_fraction: float = 0.5
     held_out: int = 16  # trajectories kept out of training, for the context probe
     gap_fraction: float = 0.6  # sequences whose later blocks jump ahead, as after the window slides (most of a session)
+    switch_weight: float = 1.0  # loss weight of blocks in a prompt transition (they carry most of the copy's error)
+    copy_init: bool = True  # start from "the block is the frame it is given" (see `copy_init`)
 
 
 class _Binding:
@@ -139,13 +146,15 @@ class Sample:
     poses: list  # per block: relative poses
     image: bool  # carries the start image (its first latent frame)
     before: torch.Tensor  # (z, blocks, h, w): the trajectory's latent frame just before each block (zero for block 0)
+    switching: tuple[bool, ...] = ()  # per block: its prompt mix differs from the block before it (a transition)
 
     @classmethod
     def of_blocks(cls, latents: torch.Tensor, chosen: list[int], fpb: int, mixes: list, poses: list, image: bool) -> "Sample":
         """Blocks `chosen` (the first is block 0) of a trajectory's latents (z, F, h, w) and per-block conditions."""
         frames = torch.cat([latents[:, i * fpb : (i + 1) * fpb] for i in chosen], dim=1).float()
         before = torch.stack([latents[:, i * fpb - 1] if i > 0 else torch.zeros_like(latents[:, 0]) for i in chosen], dim=1).float()
-        return cls(frames, [mixes[i] for i in chosen], [poses[i] for i in chosen], image, before)
+        switching = tuple(i > 0 and mixes[i] != mixes[i - 1] for i in chosen)
+        return cls(frames, [mixes[i] for i in chosen], [poses[i] for i in chosen], image, before, switching)
 
 
 def sequence_blocks_for(sink_frames: int, window_frames: int, frames_per_block: int) -> int:
@@ -164,13 +173,14 @@ def sequence_blocks(rng: np.random.Generator, available: int, blocks: int, gap_f
 class TeacherForcing:
     """Holds the models being trained and computes the loss of a batch of samples."""
 
-    def __init__(self, transformer, camera_adapter, text_encoder, tokenizer, *, height: int, width: int, frames_per_block: int, shift: float, config: TransformerTraining) -> None:
+    def __init__(self, transformer, camera_adapter, text_encoder, tokenizer, *, height: int, width: int, frames_per_block: int, shift: float,
+                 config: TransformerTraining, timesteps: list[float] | None = None) -> None:
         from deployments.generation.text import PromptEncoder
 
         self.transformer, self.camera_adapter, self.text_encoder, self.tokenizer = transformer, camera_adapter, text_encoder, tokenizer
         self.height, self.width, self.fpb, self.config = height, width, frames_per_block, config
         self.max_length = PromptEncoder(tokenizer, text_encoder).max_length
-        self.sigmas = denoising_sigmas(4, shift)
+        self.sigmas = denoising_sigmas(len(timesteps) if timesteps else 4, shift, timesteps)  # the checkpoint's own schedule
         self.shift = shift
         self.binding = _Binding()
         head_dim = transformer.config.attention_head_dim
@@ -214,7 +224,12 @@ class TeacherForcing:
         before = torch.stack([s.before for s in samples])
         before = before + aug * cfg.context_noise * torch.randn(before.shape, generator=generator)
         v = self.velocity(samples, clean, sig, noise, before)
-        return F.mse_loss(v.float(), noise - x0)
+        if cfg.switch_weight == 1.0:
+            return F.mse_loss(v.float(), noise - x0)
+        weight = torch.tensor([[cfg.switch_weight if k < len(s.switching) and s.switching[k] else 1.0 for k in range(n)] for s in samples])
+        weight = weight.repeat_interleave(self.fpb, dim=1).view(b, 1, -1, 1, 1)
+        per_weight = x0.shape[1] * x0.shape[3] * x0.shape[4]  # values each weight entry covers
+        return ((v.float() - (noise - x0)) ** 2 * weight).sum() / (weight.sum() * per_weight)
 
     def condition(self, samples: list[Sample], x0: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
         """Each block's last-frame channels, as the engine gives them: (B, 4 + z, F, h, w). Block 0 gets the
