@@ -114,6 +114,7 @@ def test_the_context_probe_tells_a_model_that_reads_its_context_from_one_that_do
     good, blind = (context_probe(Oracle(exact), samples, mean, std) for exact in (True, False))
     assert good["psnr_db"] > max(good["copy_previous_psnr_db"], good["given_frame_psnr_db"], blind["psnr_db"]) + 10
     assert good["motion_sign_agreement"] == 1.0 and good["moving_frames"] > 0
+    assert good["anchored_mse"] < 1e-6 < blind["anchored_mse"] and good["given_frame_anchored_mse"] == blind["given_frame_anchored_mse"] > 0
     assert blind["motion_sign_agreement"] < 1.0
 
 
