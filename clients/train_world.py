@@ -26,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trajectories", type=int, help="trajectories to render (default: 640; the VAE trains on the first 320)")
     parser.add_argument("--vae-steps", type=int, help="VAE training steps of each phase (default: 600 on short clips, 1000 mid-stream, 150 decoder-only)")
     parser.add_argument("--steps", type=int, help="transformer training steps (default: 2000)")
+    parser.add_argument("--motion-steps", type=int, help="of those, the first ones on image-to-video samples without prompt transitions (default: 1250)")
     parser.add_argument("--workers", type=int, help="rendering processes (default: 2)")
     parser.add_argument("--threads", type=int, help="torch threads (default: 2)")
     parser.add_argument("--stages", help="comma-separated stages to run (default: all)")
@@ -52,8 +53,9 @@ def main(args: argparse.Namespace) -> int:
             config = replace(config, **{name: value})
     if args.vae_steps is not None:
         config = replace(config, vae=config.vae.scaled(steps=args.vae_steps))
-    if args.steps is not None:
-        config = replace(config, transformer=replace(config.transformer, steps=args.steps))
+    for name, value in (("steps", args.steps), ("motion_steps", args.motion_steps)):
+        if value is not None:
+            config = replace(config, transformer=replace(config.transformer, **{name: value}))
     stages = None
     if args.stages:
         stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())

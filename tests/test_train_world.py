@@ -245,7 +245,7 @@ def test_switch_weight_leaves_prompt_transitions_out_of_the_loss(tmp_path) -> No
             v = trainer.velocity([sample], x0, sig, noise)
         return ((v - (noise - x0))[:, :, :6] ** 2).mean()
 
-    plain = loss(TransformerTraining(blocks=3, schedule_fraction=1.0, context_noise_fraction=0.0))
+    plain = loss(TransformerTraining(blocks=3, schedule_fraction=1.0, context_noise_fraction=0.0, switch_weight=1.0))
     without = loss(TransformerTraining(blocks=3, schedule_fraction=1.0, context_noise_fraction=0.0, switch_weight=0.0))
     torch.testing.assert_close(without, kept_only(1))
     assert not torch.isclose(plain, without)

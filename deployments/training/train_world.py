@@ -49,7 +49,7 @@ class WorldTraining:
         return replace(self, trajectories=6, vae_trajectories=6, blocks=7, workers=1,
                        vae=replace(self.vae.scaled(steps=2, batch=2), held_out=2,
                                    stream=replace(self.vae.stream, steps=2, batch=2, prefix_chunks=(3,))),
-                       transformer=replace(self.transformer, steps=2, batch=2, held_out=1))
+                       transformer=replace(self.transformer, steps=2, batch=2, held_out=1, motion_steps=1))
 
 
 def _logger(path: Path, echo: Callable[[str], None] = print) -> Callable[[dict], None]:

@@ -18,21 +18,24 @@ checkpoint's own schedule (its `denoising_step_list`, else the engine's four
 steps, with its shift), plus some at random sigmas. Blocks inside a prompt
 transition can be weighted down (`switch_weight`): at the copy they carry
 about two thirds of the error though they are a fifth of the blocks, so
-their colour change drowns the camera's motion in the gradient. The
+their colour change drowns the camera's motion in the gradient. Hence a
+curriculum: for the first `motion_steps` every sample is image-to-video and
+transitions weigh nothing; then text-to-video first blocks and (lightly
+weighted) transitions join in. The
 transformer starts as a copy of the frame each block is given
 (`copy_init`). Context latents are sometimes slightly
 noised (still at t = 0), so the model tolerates its own imperfect blocks in
 the cache, and so is the last frame each block is given in its condition
 channels (`conditioning.last_frame_condition`, built as the engine builds
-it). Half the samples carry the start image (image-to-video), half none
-(text-to-video; see `builtin_world_model`).
+it). After the motion phase half the samples carry the start image
+(image-to-video), half none (text-to-video; see `builtin_world_model`).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -66,8 +69,15 @@ class TransformerTraining:
     context_noise_fraction: float = 0.5
     held_out: int = 16  # trajectories kept out of training, for the context probe
     gap_fraction: float = 0.6  # sequences whose later blocks jump ahead, as after the window slides (most of a session)
-    switch_weight: float = 1.0  # loss weight of blocks in a prompt transition (they carry most of the copy's error)
+    switch_weight: float = 0.3  # loss weight of blocks in a prompt transition (they carry most of the copy's error)
     copy_init: bool = True  # start from "the block is the frame it is given" (see `copy_init`)
+    # The curriculum's first phase: image-to-video samples only and transitions weighted 0, so the gradient
+    # speaks of the camera's motion before text-to-video first blocks and prompt changes join in.
+    motion_steps: int = 1250
+
+    def at(self, step: int) -> "TransformerTraining":
+        """The recipe in force at `step` (the motion phase's, then this one)."""
+        return replace(self, image_fraction=1.0, switch_weight=0.0) if step < self.motion_steps else self
 
 
 class _Binding:
@@ -210,8 +220,9 @@ class TeacherForcing:
         tokens = tokens.reshape(len(samples), blocks, d, f, hp, wp).permute(0, 2, 1, 3, 4, 5).reshape(len(samples), d, blocks * f, hp, wp)
         return torch.cat([tokens, tokens], dim=2)
 
-    def loss(self, samples: list[Sample], rng: np.random.Generator, generator: torch.Generator) -> torch.Tensor:
-        cfg = self.config
+    def loss(self, samples: list[Sample], rng: np.random.Generator, generator: torch.Generator,
+             config: TransformerTraining | None = None) -> torch.Tensor:
+        cfg = config or self.config
         n = len(samples[0].mixes)
         x0 = torch.stack([s.latents for s in samples])  # (B, z, F, h, w)
         b = x0.shape[0]
@@ -224,12 +235,11 @@ class TeacherForcing:
         before = torch.stack([s.before for s in samples])
         before = before + aug * cfg.context_noise * torch.randn(before.shape, generator=generator)
         v = self.velocity(samples, clean, sig, noise, before)
-        if cfg.switch_weight == 1.0:
-            return F.mse_loss(v.float(), noise - x0)
         weight = torch.tensor([[cfg.switch_weight if k < len(s.switching) and s.switching[k] else 1.0 for k in range(n)] for s in samples])
         weight = weight.repeat_interleave(self.fpb, dim=1).view(b, 1, -1, 1, 1)
         per_weight = x0.shape[1] * x0.shape[3] * x0.shape[4]  # values each weight entry covers
-        return ((v.float() - (noise - x0)) ** 2 * weight).sum() / (weight.sum() * per_weight)
+        # A weighted mean (the plain MSE when every weight is 1); a batch of transitions only, at weight 0, gives 0.
+        return ((v.float() - (noise - x0)) ** 2 * weight).sum() / (weight.sum() * per_weight).clamp_min(1.0)
 
     def condition(self, samples: list[Sample], x0: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
         """Each block's last-frame channels, as the engine gives them: (B, 4 + z, F, h, w). Block 0 gets the
@@ -313,13 +323,14 @@ def train_transformer(
     for step in range(start_step, cfg.steps):
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
+        recipe = cfg.at(step)
         samples = []
         for _ in range(cfg.batch):
             t = int(rng.integers(len(latents)))
             available = latents[t].shape[1] // fpb
             chosen = sequence_blocks(rng, available, cfg.blocks, cfg.gap_fraction)
-            samples.append(Sample.of_blocks(latents[t], chosen, fpb, mixes[t], poses[t], bool(rng.random() < cfg.image_fraction)))
-        loss = trainer.loss(samples, rng, generator)
+            samples.append(Sample.of_blocks(latents[t], chosen, fpb, mixes[t], poses[t], bool(rng.random() < recipe.image_fraction)))
+        loss = trainer.loss(samples, rng, generator, recipe)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
