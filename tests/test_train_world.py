@@ -168,7 +168,7 @@ def test_copy_init_starts_every_block_at_the_frame_it_is_given(tmp_path) -> None
     from deployments.generation.camera import Pose
     from deployments.generation.checkpoint import load_world_model
     from deployments.models.tiny_world_model import WorldModelSpec, make_world_model
-    from deployments.training.copy_init import init_as_copy
+    from deployments.training.copy_init import copy_layout, init_as_copy
     from deployments.training.transformer_training import Sample, TeacherForcing, TransformerTraining
 
     spec = WorldModelSpec(last_frame_condition=True, num_attention_heads=2, attention_head_dim=66)
@@ -182,7 +182,7 @@ def test_copy_init_starts_every_block_at_the_frame_it_is_given(tmp_path) -> None
     noise = torch.randn(1, 16, 9, 8, 8)
     sig = np.ones((1, 3))
     # Blocks 1 and 2 are given the frame before them on each of their frames.
-    given = sample.before[:, 1:].repeat_interleave(3, dim=1)[None]
+    given = sample.given_frames(3)[None, :, 3:]
 
     def error() -> float:
         with torch.no_grad():
@@ -199,7 +199,8 @@ def test_copy_init_starts_every_block_at_the_frame_it_is_given(tmp_path) -> None
     error()
     hook.remove()
     block_input = seen[0][0, -64:]  # the last block's noisy tokens
-    assert block_input[:, -2:].abs().max() < 1e-5 and block_input[:, 64:128].abs().mean() > 0.1
+    layout = copy_layout(parts.transformer)
+    assert block_input[:, layout.anchors].abs().max() < 1e-5 and block_input[:, layout.given].abs().mean() > 0.1
 
 
 def test_copy_init_refuses_a_transformer_without_the_frame_channels(tmp_path) -> None:

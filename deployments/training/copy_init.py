@@ -30,11 +30,30 @@ How, in the transformer's own terms:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from deployments.generation.conditioning import MASK_CHANNELS
+
+
+@dataclass(frozen=True)
+class CopyLayout:
+    """Where the copy start puts things in the residual stream (slices of the inner dimension)."""
+
+    velocity: slice  # x_t - given, one dimension per output value (what proj_out reads)
+    given: slice  # the given frame, clean, for the blocks to read and move
+    free: slice  # small random features and the camera's tokens
+    anchors: slice  # the constant +anchor, -anchor pair the blocks do not see
+
+
+def copy_layout(transformer: nn.Module) -> CopyLayout:
+    cfg = transformer.config
+    pt, ph, pw = cfg.patch_size
+    per_token = cfg.out_channels * pt * ph * pw
+    dim = cfg.num_attention_heads * cfg.attention_head_dim
+    return CopyLayout(slice(0, per_token), slice(per_token, 2 * per_token), slice(2 * per_token, dim - 2), slice(dim - 2, dim))
 
 
 @torch.no_grad()
@@ -51,25 +70,25 @@ def init_as_copy(transformer: nn.Module, camera_adapter: nn.Module | None = None
     if 2 * per_token + 2 > dim:
         raise ValueError(f"copy init needs an inner dimension of at least {2 * per_token + 2}, not {dim}")
     given = z + MASK_CHANNELS
+    layout = copy_layout(transformer)
+    free, anchors = layout.free, layout.anchors
 
     embed = transformer.patch_embedding
     weight = torch.zeros_like(embed.weight)  # (dim, in_channels, pt, ph, pw)
-    free = slice(2 * per_token, dim - 2)
     weight[free] = embed.weight[free] * feature_scale
     for it in range(pt):
         for ih in range(ph):
             for iw in range(pw):
                 for c in range(z):
                     k = ((it * ph + ih) * pw + iw) * z + c  # the order proj_out's values are unpatchified in
-                    weight[k, c, it, ih, iw] = 1.0
-                    weight[k, given + c, it, ih, iw] = -1.0
-                    weight[per_token + k, given + c, it, ih, iw] = 1.0
+                    weight[layout.velocity.start + k, c, it, ih, iw] = 1.0
+                    weight[layout.velocity.start + k, given + c, it, ih, iw] = -1.0
+                    weight[layout.given.start + k, given + c, it, ih, iw] = 1.0
     bias = torch.zeros_like(embed.bias)
-    bias[-2], bias[-1] = anchor, -anchor
+    bias[anchors] = torch.tensor([anchor, -anchor])
     embed.weight.copy_(weight)
     embed.bias.copy_(bias)
 
-    anchors = slice(dim - 2, dim)
     timestep_bias = transformer.condition_embedder.time_proj.bias.view(6, dim)  # what the blocks' modulation adds
     for block in transformer.blocks:
         for layer in (block.attn1.to_out[0], block.attn2.to_out[0], block.ffn.net[2]):
@@ -103,4 +122,4 @@ def init_as_copy(transformer: nn.Module, camera_adapter: nn.Module | None = None
     out = transformer.proj_out
     nn.init.zeros_(out.weight)
     nn.init.zeros_(out.bias)
-    out.weight[:, :per_token].copy_(torch.eye(per_token) * spread)
+    out.weight[:, layout.velocity].copy_(torch.eye(per_token) * spread)

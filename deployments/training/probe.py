@@ -47,7 +47,7 @@ def context_probe(trainer, samples: list, mean: torch.Tensor, std: torch.Tensor,
     finally:
         trainer.transformer.train(was_training)
     predicted = (1 - sigma) * x0 + sigma * noise - sigma * v
-    given_latents = torch.stack([s.before[:, 1:].repeat_interleave(trainer.fpb, dim=1) for s in samples])
+    given_latents = torch.stack([s.given_frames(trainer.fpb) for s in samples])[:, :, trainer.fpb :]
     true_anchored = x0[:, :ANCHORED_CHANNELS, trainer.fpb :]
     psnr, copy, given, true_dx, pred_dx = [], [], [], [], []
     for b in range(len(samples)):
@@ -55,7 +55,7 @@ def context_probe(trainer, samples: list, mean: torch.Tensor, std: torch.Tensor,
             before, truth, guess = (anchored_picture(t, mean, std) for t in (x0[b, :, j - 1], x0[b, :, j], predicted[b, :, j]))
             psnr.append(measures.psnr(guess, truth))
             copy.append(measures.psnr(before, truth))
-            given.append(measures.psnr(anchored_picture(samples[b].before[:, j // trainer.fpb], mean, std), truth))
+            given.append(measures.psnr(anchored_picture(given_latents[b, :, j - trainer.fpb], mean, std), truth))
             true_dx.append(measures.displacement(before, truth, GROUND_ROWS)[0])
             pred_dx.append(measures.displacement(before, guess, GROUND_ROWS)[0])
     true_dx, pred_dx = np.array(true_dx), np.array(pred_dx)

@@ -166,6 +166,10 @@ class Sample:
         switching = tuple(i > 0 and mixes[i] != mixes[i - 1] for i in chosen)
         return cls(frames, [mixes[i] for i in chosen], [poses[i] for i in chosen], image, before, switching)
 
+    def given_frames(self, fpb: int) -> torch.Tensor:
+        """The frame each latent frame's block is given (`before`, repeated over the block): (z, F, h, w)."""
+        return self.before.repeat_interleave(fpb, dim=1)
+
 
 def sequence_blocks_for(sink_frames: int, window_frames: int, frames_per_block: int) -> int:
     """Blocks in a training sequence that ends the way a full cache ends: sink, window, current block."""
