@@ -84,7 +84,7 @@ async def generation_worker(base: str, until: float, tally: Tally, seed: int, he
                     fps = message.get("generation", {}).get("fps", fps)
                 elif kind == "video.chunk_metadata" and message["kind"] == "media":
                     tally.chunks += 1
-                    frames += message["num_frames"]
+                    frames += message.get("fragment_frames", message["num_frames"])  # what the client holds
                     try:  # after the last chunk the server may already have closed
                         await ws.send(json.dumps({"type": "session.playback", "position_seconds": frames / fps}))
                     except websockets.ConnectionClosed:

@@ -68,7 +68,7 @@ DEFAULT_OPEN_TIMEOUT = 10.0
 FRAME_COUNTING_RULE = (
     "The concatenated fMP4 is demuxed once and every packet is decoded; each decoded frame is attributed to the binary "
     "frame (transport chunk) holding its packet's bytes, giving D_j decoded frames for transport chunk j, checked "
-    "against that chunk's metadata num_frames. The muxer writes a frame's fragment only when the next frame arrives, "
+    "against that chunk's metadata fragment_frames (its num_frames counts the frames the block generated). The muxer writes a frame's fragment only when the next frame arrives, "
     "so every block's last frame travels in the next binary frame (the next media chunk, or the trailer): block k "
     "owns decoded frames [E_(k-1), E_k) with E_k = D_0 + ... + D_k + 1 (E_-1 = 0; the last block ends at the total)."
 )
@@ -418,7 +418,7 @@ async def drive_session(
                 if event.kind == "media":
                     media = len(client.result().media_chunks)
                     await send_due(media, media - 1)
-                    stored_frames += event.metadata.num_frames
+                    stored_frames += event.fragment_frames
                     if fps and not paced:
                         # Kept as it arrives: say so, and the server's flow control never holds this client back.
                         # Best effort: after the last chunk the server may already have closed.
@@ -757,6 +757,8 @@ def remote_rollout_main(args) -> int:
     """
     import numpy as np
 
+    from clients.rollout import chunk_line, save_chunk
+
     name = "rtv rollout"
     try:
         start_message, schedule, blocks, fpb, tf, _ = _prepare_remote_rollout(args)
@@ -776,7 +778,8 @@ def remote_rollout_main(args) -> int:
 
     def on_chunk(result: SessionResult, chunk: VideoChunk) -> None:
         if chunk.kind == "media":
-            print(f"block {chunk.generation_chunk_index}: chunk of {chunk.num_frames} frames in {chunk.latency_seconds:.2f}s", flush=True)
+            shape = (args.height, args.width, 3)
+            print(chunk_line(chunk.generation_chunk_index, chunk.latency_seconds, chunk.num_frames, shape), flush=True)
 
     try:
         outcome = asyncio.run(
@@ -815,9 +818,9 @@ def remote_rollout_main(args) -> int:
         except Exception as exc:
             problems.append(f"cannot decode the stream: {_one_line(exc)}")
     for chunk, decoded in zip(result.chunks, per_transport):
-        if decoded != chunk.num_frames:
+        if decoded != chunk.fragment_frames:
             problems.append(
-                f"transport chunk {chunk.transport_chunk_index} decodes to {decoded} frames, its metadata says {chunk.num_frames}"
+                f"transport chunk {chunk.transport_chunk_index} decodes to {decoded} frames, its metadata says {chunk.fragment_frames}"
             )
     if len(frames) != result.num_frames and not problems:
         problems.append(f"the stream decodes to {len(frames)} frames, the metadata adds up to {result.num_frames}")
@@ -837,22 +840,11 @@ def remote_rollout_main(args) -> int:
         }
         transport = {
             "transport_chunk_index": m.transport_chunk_index,
-            "transport_num_frames": m.num_frames,
+            "transport_num_frames": m.fragment_frames,
             "byte_length": m.byte_length,
             "received_at_seconds": chunk.received_at,
         }
-        np.save(out / f"chunk_{k:03d}.npy", array)
-        (out / f"chunk_{k:03d}.json").write_text(json.dumps({**metadata, "latency_seconds": chunk.latency_seconds, **transport}, indent=2) + "\n")
-        chunks.append(
-            {
-                "index": k,
-                "latency_seconds": chunk.latency_seconds,
-                "num_frames": int(array.shape[0]),
-                "shape": list(array.shape),
-                "metadata": metadata,
-                "transport": transport,
-            }
-        )
+        chunks.append(save_chunk(out, k, array, metadata, chunk.latency_seconds, transport))
     total = time.perf_counter() - t_start
     frames_delivered = sum(c["num_frames"] for c in chunks)
     frames_expected = frames_for_blocks(blocks, fpb, tf)
@@ -892,7 +884,7 @@ def remote_rollout_main(args) -> int:
         "transport_chunks": [
             {**c.summary(), "decoded_frames": per_transport[i] if i < len(per_transport) else None} for i, c in enumerate(result.chunks)
         ],
-        "trailer_frames": result.trailer.num_frames if result.trailer else None,
+        "trailer_frames": result.trailer.fragment_frames if result.trailer else None,
         "interactions": interaction_report(outcome),
         "errors": [e.summary() for e in result.errors],
         "problems": problems,

@@ -338,19 +338,8 @@ def run_rollout(plan: RolloutPlan, log: Callable[[str], None] | None = None, eng
             if k == 0:
                 time_to_first_frame = t1 - t_ready
             frames = np.ascontiguousarray(block.frames, dtype=np.uint8)
-            metadata = block.metadata.to_dict()
-            np.save(plan.output_dir / f"chunk_{k:03d}.npy", frames)
-            (plan.output_dir / f"chunk_{k:03d}.json").write_text(json.dumps({**metadata, "latency_seconds": latency}, indent=2) + "\n")
-            chunks.append(
-                {
-                    "index": k,
-                    "latency_seconds": latency,
-                    "num_frames": int(frames.shape[0]),
-                    "shape": list(frames.shape),
-                    "metadata": metadata,
-                }
-            )
-            log(f"block {k}: {frames.shape[0]} frames in {latency:.2f}s")
+            chunks.append(save_chunk(plan.output_dir, k, frames, block.metadata.to_dict(), latency))
+            log(chunk_line(k, latency, frames.shape[0], frames.shape[1:]))
     finally:
         session.close()
     total = time.perf_counter() - t_start
@@ -383,6 +372,33 @@ def run_rollout(plan: RolloutPlan, log: Callable[[str], None] | None = None, eng
     }
     (plan.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def save_chunk(out_dir: Path, k: int, frames: "np.ndarray", metadata: dict, latency: float, transport: dict | None = None) -> dict:
+    """Write block k's frames (`chunk_k.npy`) and metadata (`chunk_k.json`); its entry in the summary, under the
+    seed's names (`chunk_index`, `chunk_latency_seconds`, `frames`, `frame_shape`) and ours."""
+    import numpy as np
+
+    np.save(out_dir / f"chunk_{k:03d}.npy", frames)
+    (out_dir / f"chunk_{k:03d}.json").write_text(json.dumps({**metadata, "latency_seconds": latency, **(transport or {})}, indent=2) + "\n")
+    n = int(frames.shape[0])
+    entry = {
+        "chunk_index": k,
+        "chunk_latency_seconds": latency,
+        "frames": n,
+        "frame_shape": list(frames.shape[1:]),
+        "index": k,
+        "latency_seconds": latency,
+        "num_frames": n,
+        "shape": list(frames.shape),
+        "metadata": metadata,
+    }
+    return entry | ({"transport": transport} if transport is not None else {})
+
+
+def chunk_line(k: int, latency: float, frames: int, frame_shape) -> str:
+    """The line printed for each block as it arrives (one JSON object per line on stdout, as the seed prints)."""
+    return json.dumps({"chunk_index": k, "chunk_latency_seconds": round(latency, 4), "frames": int(frames), "frame_shape": [int(x) for x in frame_shape]})
 
 
 # -- command line ----------------------------------------------------------------------

@@ -112,7 +112,7 @@ class VideoStart:
 class ChunkMetadata:
     request_id: str
     kind: str  # "media" or "trailer"
-    num_frames: int
+    num_frames: int  # frames the block generated (0 on the trailer), as the seed counts them
     byte_length: int
     transport_chunk_index: int
     generation_chunk_index: int | None
@@ -120,6 +120,8 @@ class ChunkMetadata:
     active_event_ids: tuple[str, ...] = ()
     completed_event_ids: tuple[str, ...] = ()
     raw: dict = field(default_factory=dict, repr=False, compare=False)
+    # Frames this binary frame completes (our additive `fragment_frames`; a server without it: `num_frames`).
+    fragment_frames: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,10 @@ class VideoChunk:
         return self.metadata.num_frames
 
     @property
+    def fragment_frames(self) -> int:
+        return self.metadata.fragment_frames
+
+    @property
     def generation_chunk_index(self) -> int | None:
         return self.metadata.generation_chunk_index
 
@@ -159,6 +165,7 @@ class VideoChunk:
             "generation_chunk_index": m.generation_chunk_index,
             "kind": m.kind,
             "num_frames": m.num_frames,
+            "fragment_frames": m.fragment_frames,
             "byte_length": m.byte_length,
             "received_at_seconds": self.received_at,
             "latency_seconds": self.latency_seconds,
@@ -264,13 +271,13 @@ class SessionResult:
 
     @property
     def num_frames(self) -> int:
-        """Frames the server says it delivered (sum of every chunk's num_frames, trailer included)."""
+        """Frames the server says it generated (sum of every chunk's num_frames)."""
         return sum(c.num_frames for c in self.chunks)
 
     @property
     def time_to_first_frame(self) -> float | None:
         """Seconds from sending session.start to the first binary frame that completes a frame."""
-        return next((c.received_at for c in self.chunks if c.num_frames > 0), None)
+        return next((c.received_at for c in self.chunks if c.fragment_frames > 0), None)
 
     @property
     def ok(self) -> bool:
@@ -561,7 +568,9 @@ def parse_chunk_metadata(data: dict) -> ChunkMetadata:
     kind = data.get("kind")
     if kind not in ("media", "trailer"):
         raise StreamProtocolError(f"video.chunk_metadata kind must be 'media' or 'trailer', got {kind!r}")
-    for name in ("num_frames", "byte_length", "transport_chunk_index"):
+    for name in ("num_frames", "byte_length", "transport_chunk_index", "fragment_frames"):
+        if name not in data and name == "fragment_frames":
+            continue
         value = data.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise StreamProtocolError(f"video.chunk_metadata {name} must be a non-negative integer, got {value!r}")
@@ -579,6 +588,7 @@ def parse_chunk_metadata(data: dict) -> ChunkMetadata:
         active_event_ids=ids("active_event_ids"),
         completed_event_ids=ids("completed_event_ids"),
         raw=data,
+        fragment_frames=data.get("fragment_frames", data["num_frames"]),
     )
 
 

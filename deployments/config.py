@@ -77,6 +77,8 @@ class AppConfig(BaseModel):
     stall_timeout_s: PositiveFloat = 60.0
     lease_timeout_s: PositiveFloat = 15.0
     retry_after_s: PositiveFloat = 5.0
+    # A session that starts while its model's replicas still load waits this long for one, then is told to retry.
+    model_wait_s: PositiveFloat = 60.0
     routing_stats_period_s: PositiveFloat = 1.0
     # A draining replica keeps streaming its sessions this long before Serve stops it.
     graceful_shutdown_timeout_s: PositiveFloat = 3600.0

@@ -94,6 +94,9 @@ def _check_files(out: pathlib.Path, frames: list[int], height: int, width: int) 
         chunk = summary["chunks"][k]
         assert chunk["index"] == k and chunk["num_frames"] == n
         assert chunk["shape"] == [n, height, width, 3]
+        # The seed's names for the same facts.
+        assert (chunk["chunk_index"], chunk["frames"], chunk["frame_shape"]) == (k, n, [height, width, 3])
+        assert chunk["chunk_latency_seconds"] == chunk["latency_seconds"] > 0
         assert chunk["metadata"]["block_index"] == k and chunk["metadata"]["num_frames"] == n
         arr = np.load(out / f"chunk_{k:03d}.npy")
         assert arr.dtype == np.uint8 and arr.shape == (n, height, width, 3)
@@ -165,6 +168,9 @@ def test_rollout_with_action_script(t2v_model: pathlib.Path, inputs: pathlib.Pat
     assert proc.stderr == "", "library noise leaked onto stderr"
     assert str(out / "summary.json") in proc.stdout
     summary = _check_files(out, [9, 12, 12], 64, 64)
+    # One JSON line per block on stdout as it is made, as the seed's example prints.
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [(c["chunk_index"], c["frames"], c["frame_shape"]) for c in lines] == [(0, 9, [64, 64, 3]), (1, 12, [64, 64, 3]), (2, 12, [64, 64, 3])]
     assert summary["model"] == str(t2v_model)
     assert summary["prompt"] == "a red room" and summary["seed"] == 3
     for k, chunk in enumerate(summary["chunks"]):

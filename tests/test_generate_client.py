@@ -136,7 +136,8 @@ def test_generate_summary_lists_chunks(generated: dict) -> None:
     assert (summary["width"], summary["height"]) == (96, 64)
     chunks = summary["chunks"]
     assert [c["kind"] for c in chunks] == ["media", "media", "media", "trailer"]
-    assert [c["num_frames"] for c in chunks] == [8, 12, 12, 1]  # each block's last frame leaves with the next chunk
+    assert [c["num_frames"] for c in chunks] == [9, 12, 12, 0]  # what each block generated, as the seed counts
+    assert [c["fragment_frames"] for c in chunks] == [8, 12, 12, 1]  # each block's last frame leaves with the next chunk
     assert [c["generation_chunk_index"] for c in chunks] == [0, 1, 2, None]
     assert [c["transport_chunk_index"] for c in chunks] == [0, 1, 2, 3]
     for chunk in chunks:
@@ -513,7 +514,7 @@ def test_progress_line_in_place_on_a_tty_and_one_per_block_otherwise() -> None:
     from clients.stream_client import ChunkMetadata, SessionResult
 
     result = SessionResult(url="ws://x")
-    result.chunks.append(VideoChunk(ChunkMetadata("r", "media", 8, 1, 0, 0), b"x", 0.5, 0.5))
+    result.chunks.append(VideoChunk(ChunkMetadata("r", "media", 9, 1, 0, 0, fragment_frames=8), b"x", 0.5, 0.5))
     tty, plain = io.StringIO(), io.StringIO()
     for stream, is_tty in ((tty, True), (plain, False)):
         progress = Progress(3, 33, stream=stream, tty=is_tty)
@@ -522,5 +523,5 @@ def test_progress_line_in_place_on_a_tty_and_one_per_block_otherwise() -> None:
         progress.message("server error: x")
         progress.finish()
     assert plain.getvalue().count("\n") == 3 and "\r" not in plain.getvalue()
-    assert "block 1/3  frames 8/33" in plain.getvalue() and "first frame 0.50s" in plain.getvalue()
+    assert "block 1/3  frames 9/33" in plain.getvalue() and "first frame 0.50s" in plain.getvalue()
     assert tty.getvalue().startswith("\rblock 1/3") and tty.getvalue().count("\n") == 1

@@ -274,3 +274,21 @@ def test_report_encode_cost_at_832x480():
         encoder.close()
         print(f"\nfmp4 encode {width}x{height} {name}: {elapsed / (count - 1) * 1e3:.2f} ms/frame "
               "(rgb24->yuv420p + libx264 + mux)")  # fmt: skip
+
+
+def test_session_codec_options_reach_x264_and_keep_one_frame_per_fragment():
+    def encode(options):
+        encoder = FragmentedMP4Encoder(64, 48, 24, options=options)
+        pieces = [encoder.encode(moving_frames(0, 12, 64, 48)), encoder.close()]
+        return b"".join(p.data for p in pieces), [p.num_frames for p in pieces]
+
+    def profile(data: bytes) -> str:
+        with av.open(io.BytesIO(data)) as container:
+            return container.streams.video[0].codec_context.profile
+
+    plain, plain_counts = encode(None)
+    richer, richer_counts = encode({"preset": "fast"})  # CABAC and 8x8 transforms: the High profile
+    capped, capped_counts = encode({"preset": "fast", "profile": "baseline", "crf": "45"})
+    assert plain_counts == richer_counts == capped_counts == [11, 1]  # zerolatency stays: one frame per fragment
+    assert (profile(plain), profile(richer), profile(capped)) == ("Constrained Baseline", "High", "Constrained Baseline")
+    assert len(capped) < len(richer)  # crf 45 spends fewer bits than the default 23

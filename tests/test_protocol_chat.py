@@ -80,6 +80,8 @@ def test_defaults():
         "evs_enabled": True,
         "evs_threshold": 0.95,
         "system_prompt": None,
+        "use_audio_in_video": False,
+        "replace_running_answer": False,
     }
 
 
@@ -93,12 +95,19 @@ def test_all_fields_and_unknown_keys_ignored():
             evs_enabled=False,
             evs_threshold=0.5,
             system_prompt="Be brief.",
-            use_audio_in_video=True,  # vLLM-Omni's later fields: unknown here, ignored
+            use_audio_in_video=True,  # vLLM-Omni's newer field: accepted
+            replace_running_answer=True,  # ours, opt-in
             sampling_params_list=[{}],
             whatever={"nested": [1, 2]},
         )
     )
-    assert got == ChatConfig("tiny-omni", ("text", "audio"), 8, 4, False, 0.5, "Be brief.")
+    assert got == ChatConfig("tiny-omni", ("text", "audio"), 8, 4, False, 0.5, "Be brief.", True, True)
+
+
+@pytest.mark.parametrize("field", ["use_audio_in_video", "replace_running_answer"])
+def test_flags_must_be_booleans(field):
+    with pytest.raises(ProtocolError, match=f"Invalid type for '{field}': expected bool, got int"):
+        parse_session_config(config(**{field: 1}))
 
 
 @pytest.mark.parametrize(

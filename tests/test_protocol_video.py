@@ -681,3 +681,49 @@ def test_builders():
     assert session_done("r", 3, True) == {"type": "session.done", "request_id": "r", "chunks": 3, "stopped": True}
     assert pong() == {"type": "session.pong"}
     json.dumps([video_start("r", resolve(num_frames=10).config), pong()])  # all JSON-serializable
+
+
+# -- extra_params the seed's clients send ---------------------------------------------------------------
+def test_codec_options_from_the_allow_list_reach_the_start_checked():
+    resolved = resolve_generation(parse_session_start(start(extra_params={"video_codec_options": {"crf": "30", "profile": "baseline", "g": 12}})), DEFAULTS)
+    assert resolved.codec_options == (("crf", "30"), ("profile", "baseline"), ("g", "12"))
+    assert resolve_generation(parse_session_start(start()), DEFAULTS).codec_options == ()
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"x264-params": "keyint=1"}, "extra_params.video_codec_options: 'x264-params' is not an option this server lets a session set; allowed: crf, g, preset, profile"),
+        ({"tune": "film"}, "'tune' is not an option"),
+        ({"crf": 99}, "extra_params.video_codec_options.crf: must be an integer from 0 to 51, got 99"),
+        ({"preset": "placebo"}, "extra_params.video_codec_options.preset: must be one of ultrafast"),
+        ("crf=20", "extra_params.video_codec_options: must be an object of x264 options"),
+    ],
+)
+def test_codec_options_outside_the_allow_list_are_refused_by_name(options, named):
+    err = resolve_error(extra_params={"video_codec_options": options})
+    assert named in err.message and err.message.startswith("Invalid session.start: ")
+
+
+def test_a_camera_action_script_plays_from_block_zero():
+    from deployments.world_model.requests import ACTION_SCRIPT_EVENT_ID, session_request
+
+    script = [[["w"], ["w"], []], [["l"], ["l"], ["l"]]]
+    resolved = resolve_generation(parse_session_start(start(num_frames=33, extra_params={"camera_action_script": script})), DEFAULTS)
+    assert resolved.action_script == (("w",), ("w",), (), ("l",), ("l",), ("l",))
+    [interaction] = session_request(resolved).interactions  # submitted before block 0 starts
+    assert interaction.event_id == ACTION_SCRIPT_EVENT_ID and interaction.actions == resolved.action_script
+
+
+@pytest.mark.parametrize(
+    ("defaults", "script", "named"),
+    [
+        (DEFAULTS, [[["w"], ["x"], []]], "extra_params.camera_action_script[0][1] has unknown key 'x'"),
+        (DEFAULTS, [[["w"], []]], "extra_params.camera_action_script[0]: must be a list of 3 per-latent-frame lists of keys"),
+        (DEFAULTS, [[[], [], []]] * 4, "extra_params.camera_action_script: 4 blocks of actions for a video of 3 blocks"),
+        (GenerationDefaults(width=64, height=48, fps=16, accepts_camera=False), [[[], [], []]], "this model has no camera adapter"),
+    ],
+)
+def test_bad_camera_action_scripts_are_refused_by_name(defaults, script, named):
+    err = resolve_error(defaults, num_frames=33, extra_params={"camera_action_script": script})
+    assert named in err.message, err.message

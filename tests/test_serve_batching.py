@@ -73,5 +73,5 @@ def test_streamed_sessions_decode_beside_the_next_block_and_together(handle, ser
     after = handle.stats.remote().result(timeout_s=60)["batching"]["decodes"]
     for transcript in transcripts:
         assert transcript.done is not None and not transcript.errors and not transcript.order_errors
-        assert [meta["block_num_frames"] for meta, _ in transcript.media if meta["kind"] == "media"] == [9, 12, 12, 12]
+        assert [meta["num_frames"] for meta, _ in transcript.media if meta["kind"] == "media"] == [9, 12, 12, 12]
     assert after["requests"] - before["requests"] == 3 * 4  # every block's frames came from the decode batcher

@@ -108,7 +108,7 @@ def test_frame_filter_drops_a_static_clip_and_keeps_a_moving_one(address):
     assert moving.of("response.evs_stats")[0]["dropped_count"] == 0
 
 
-def test_frames_keep_arriving_during_an_answer_and_a_new_query_replaces_the_old(address):
+def test_frames_keep_arriving_during_an_answer_and_the_next_query_waits_its_turn(address):
     async def go():
         chat = await open_chat(address, max_frames=4)
         async with chat.ws:
@@ -127,10 +127,41 @@ def test_frames_keep_arriving_during_an_answer_and_a_new_query_replaces_the_old(
     chat = run(go())
     assert not chat.of("error")
     done = answers(chat)
-    assert len(done) == 2  # the first answer ends cleanly (its text.done still sent), then the second
+    assert len(done) == 2  # answered in order, each in full (`answers` checks the pairing)
+    assert all("interrupted" not in d[2] and d[2]["text"] for d in done)
     acks = {a["frame_id"]: a for a in chat.of("video.frame.ack")}
     assert acks["f4"]["buffered_frames"] == 4 and acks["f4"]["dropped_frame_id"] == "f0"  # ring of max_frames
     assert done[1][0]["frames"] == 4
+
+
+async def _two_queries_at_once(address, **config):
+    chat = await open_chat(address, **config)
+    async with chat.ws:
+        await frames(chat, 3)
+        await chat.send({"type": "video.query", "text": "first question"})
+        await chat.send({"type": "video.query", "text": "second question"})
+        while len(chat.of("response.text.done")) < 2:
+            await chat.until(lambda m: m["type"] == "response.text.done")
+        await chat.send({"type": "video.done"})
+        await chat.to_end()
+    return chat
+
+
+def test_queries_sent_together_are_answered_in_order_each_in_full(address):
+    """The seed's rule: a newer query never cuts the running answer short."""
+    chat = run(_two_queries_at_once(address))
+    done = answers(chat)
+    assert not chat.of("error") and len(done) == 2
+    assert [d[2].get("interrupted", False) for d in done] == [False, False]
+    assert all(d[2]["text"] and d[1] for d in done)
+    assert all(d[0]["modalities"] == ["text"] for d in done)  # the answer says what it carries
+
+
+def test_replace_running_answer_is_opt_in(address):
+    chat = run(_two_queries_at_once(address, replace_running_answer=True))
+    done = answers(chat)
+    assert not chat.of("error") and len(done) == 2
+    assert done[0][2]["interrupted"] is True and "interrupted" not in done[1][2] and done[1][2]["text"]
 
 
 def test_a_live_session_answers_over_video_prefilled_before_the_question(address, omni_dir):

@@ -41,7 +41,7 @@ def world_stats(app: str = APP) -> dict:
     return handle.stats.remote().result(timeout_s=30)
 
 
-def test_interaction_the_model_cannot_take_fails_and_its_id_can_be_reused(address):
+def test_interaction_the_model_cannot_take_is_refused_before_queued_and_its_id_can_be_reused(address):
     camera = {"multi_modal_data": {"camera": {"mode": "velocity", "data": {"translation": [0, 0, 1], "rotation": [0, 0, 0, 1]}}}}
 
     async def go():
@@ -61,7 +61,11 @@ def test_interaction_the_model_cannot_take_fails_and_its_id_can_be_reused(addres
     assert (failure["message"], failure["code"], failure["event_id"]) == ("Failed to apply interaction", "interaction_failed", "c1")
     assert "camera adapter" in failure["reason"]
     assert len(t.errors) == 1 and t.done["stopped"] is True
-    assert [q["event_id"] for q in t.of_type("session.interaction.queued")] == ["c1", "c1"]
+    # As in the seed, the refused interaction gets the error instead of `queued`: only the retry is queued,
+    # and the error comes before it.
+    assert [q["event_id"] for q in t.of_type("session.interaction.queued")] == ["c1"]
+    kinds = [m["type"] for m in t.messages if m["type"] in ("error", "session.interaction.queued")]
+    assert kinds == ["error", "session.interaction.queued"]
 
 
 def test_stall_timeout_aborts_the_session_and_frees_its_slot(address):
@@ -117,11 +121,32 @@ def test_a_dead_replica_gives_replica_lost_within_5s(address):
     assert t.close_code == 1011 and took < 5
 
 
-def _healthy(address) -> bool:
+def _healthy(address, prefix: str = PREFIX) -> bool:
     try:
-        return urllib.request.urlopen(f"http://{address}{PREFIX}/healthz", timeout=5).status == 200
-    except OSError:
+        return urllib.request.urlopen(f"http://{address}{prefix}/healthz", timeout=5).status == 200
+    except OSError:  # 503 (urllib raises HTTPError, an OSError) while a model loads
         return False
+
+
+def test_a_session_never_waits_on_model_loading_past_its_bound(serve_address, plain_model_dir):
+    """The handshake completes at once; a session.start that finds no loaded replica within `model_wait_s` is told to
+    retry (here the bound is a microsecond, so the ingress's first ask of the model cannot have answered)."""
+    from deployments.app import build_app
+
+    app, prefix = "video-loading", "/loading"
+    serve.run(build_app(faults_config(plain_model_dir, model_wait_s=1e-6)), name=app, route_prefix=prefix)
+    try:
+        _, t, first = run(start(serve_address, prefix + "/v1/realtime/video", prompt="too early"))
+        assert first["type"] == "error" and first["code"] == "model_not_ready" and first["retry_after_s"] > 0
+        assert "still loading" in first["message"]
+        # Once the model has answered, /healthz says so and sessions start.
+        assert wait_for(lambda: _healthy(serve_address, prefix), timeout=30)
+        health = json.loads(urllib.request.urlopen(f"http://{serve_address}{prefix}/healthz", timeout=5).read())
+        assert health["status"] == "ok"
+        _, t, first = run(start(serve_address, prefix + "/v1/realtime/video", prompt="in time", num_frames=9))
+        assert first["type"] == "video.start"
+    finally:
+        serve.delete(app)
 
 
 def test_a_downscale_keeps_streaming_sessions_and_their_controls(serve_address, world_model_dir):

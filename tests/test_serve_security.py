@@ -179,7 +179,7 @@ def test_a_message_flood_is_rate_limited_and_the_session_goes_on(address):
     assert transcript.done is not None and transcript.close_code == 1000
 
 
-def test_frames_over_the_rate_are_dropped_with_an_ack_and_queries_still_work(address):
+def test_frames_over_the_rate_are_dropped_with_an_ack_not_an_error_and_queries_still_work(address):
     async def go():
         chat = await open_chat(address, CHAT, headers=BEARER, evs_enabled=False)
         async with chat.ws:
@@ -201,7 +201,7 @@ def test_frames_over_the_rate_are_dropped_with_an_ack_and_queries_still_work(add
     limited = [a for a in acks if a.get("reason") == "rate_limited"]
     assert kept and limited and len(kept) + len(limited) == 16
     assert len(kept) <= 10  # a burst of 8 plus what 4 per second refills while they arrive
-    assert any(e.get("code") == "rate_limited" for e in chat.of("error"))
+    assert chat.of("error") == []  # over-rate frames are acked, not errors: upstream clients quit on an error
     assert chat.of("response.text.done") and chat.of("session.done")
 
 

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import time
 
+import numpy as np
 import pytest
 from conftest import app_args
 from wsclient import Transcript, connect, decode_frames, run_to_end, send, start, until
@@ -50,7 +51,8 @@ def test_full_session_streams_a_playable_fmp4(address):
     assert kinds == ["media", "media", "media", "trailer"]
     assert [meta["transport_chunk_index"] for meta, _ in t.media] == [0, 1, 2, 3]
     assert [meta["generation_chunk_index"] for meta, _ in t.media] == [0, 1, 2, None]
-    assert sum(meta["num_frames"] for meta, _ in t.media) == 33
+    assert [meta["num_frames"] for meta, _ in t.media] == [9, 12, 12, 0]  # what each block generated (the seed's count)
+    assert [meta["fragment_frames"] for meta, _ in t.media] == [8, 12, 12, 1]  # what each binary frame completes
     assert t.media[0][1][4:8] == b"ftyp"
     assert t.done == {"type": "session.done", "request_id": first["request_id"], "chunks": 4, "stopped": False}
     assert t.close_code == 1000
@@ -307,11 +309,37 @@ def test_paced_chunks_follow_the_media_timeline(address):
     for at, meta in media:
         # A chunk leaves no earlier than its first frame's media time (a little slack for the socket).
         assert at - start_at >= before / 16 - 0.15, (before, at - start_at)
-        before += meta["num_frames"]
-    assert media[-1][0] - start_at >= (before - media[-1][1]["num_frames"]) / 16 - 0.15 >= 1.5
+        before += meta["fragment_frames"]
+    assert media[-1][0] - start_at >= (before - media[-1][1]["fragment_frames"]) / 16 - 0.15 >= 1.5
 
 
 def test_bad_pacing_parameters_are_refused(address):
     _, t = run(full_session(address, prompt="x", extra_params={"pace_to_media_time": True, "pacing_lead_seconds": -1}))
     assert t.errors[0]["message"] == "Invalid session.start: extra_params.pacing_lead_seconds must be a finite number >= 0"
     assert t.close_code == 1008
+
+
+# -- extra_params the seed's clients send ------------------------------------------------
+def test_a_camera_action_script_in_extra_params_plays_from_block_zero(address):
+    script = [[["l"], ["l"], ["l"]], [["w"], ["w"], []]]
+    _, plain = run(full_session(address, prompt="a road", num_frames=33, seed=3))
+    _, scripted = run(full_session(address, prompt="a road", num_frames=33, seed=3, extra_params={"camera_action_script": script}))
+    assert not scripted.errors and scripted.done["stopped"] is False
+    media = [meta for meta, _ in scripted.media if meta["kind"] == "media"]
+    assert "camera_action_script" in media[0]["started_event_ids"] and "camera_action_script" in media[1]["completed_event_ids"]
+    assert not scripted.of_type("session.interaction.queued")  # part of the start, not a control message
+    plain_frames, scripted_frames = decode_frames(plain.stream), decode_frames(scripted.stream)
+    # The camera moves from the first block on (same seed, same prompt, different frames in block 0).
+    assert np.abs(plain_frames[0].astype(int) - scripted_frames[0].astype(int)).mean() > 0.5
+
+
+def test_video_codec_options_apply_and_others_are_refused_by_name(address):
+    import av
+
+    _, t = run(full_session(address, prompt="a road", num_frames=9, extra_params={"video_codec_options": {"preset": "fast", "crf": 30}}))
+    assert not t.errors
+    with av.open(io.BytesIO(t.stream)) as container:
+        assert container.streams.video[0].codec_context.profile == "High"  # ultrafast, our default, gives Constrained Baseline
+    _, refused = run(full_session(address, prompt="a road", extra_params={"video_codec_options": {"x264-params": "bframes=3"}}))
+    assert "'x264-params' is not an option this server lets a session set" in refused.errors[0]["message"]
+    assert refused.close_code == 1008

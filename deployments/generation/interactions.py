@@ -93,6 +93,35 @@ class _Actions:
     frames: deque = field(default_factory=deque)
 
 
+def check_interaction(event: Interaction, accepts_camera: bool) -> None:
+    """What a session can be told before its interaction is queued (the ingress checks the same, so a refusal
+    comes instead of `queued`, as in the seed): raises InteractionRefused with the reason."""
+    if not isinstance(event.event_id, str) or not event.event_id:
+        raise InteractionRefused("event_id must be a non-empty string")
+    if event.prompt is None and event.camera is None and event.actions is None:
+        raise InteractionRefused("an interaction needs a prompt, a camera command or actions")
+    if event.prompt is not None and (not isinstance(event.prompt, str) or not event.prompt.strip()):
+        raise InteractionRefused("prompt must be a non-blank string")
+    if isinstance(event.transition_chunks, bool) or not isinstance(event.transition_chunks, int) or event.transition_chunks < 0:
+        raise InteractionRefused("transition_chunks must be an integer >= 0")
+    if (event.camera is not None or event.actions is not None) and not accepts_camera:
+        raise InteractionRefused("this model has no camera adapter: camera and keyboard actions are not supported")
+    if event.camera is not None:
+        if event.camera.mode not in ("velocity", "target"):
+            raise InteractionRefused(f"camera mode must be 'velocity' or 'target', got {event.camera.mode!r}")
+        try:
+            event.camera.pose()
+        except (ValueError, TypeError) as exc:
+            raise InteractionRefused(f"camera pose is invalid: {exc}") from None
+    if event.actions is not None:
+        if not event.actions:
+            raise InteractionRefused("actions must list at least one latent frame of keys")
+        for frame in event.actions:
+            for key in frame:
+                if key not in KEYS:
+                    raise InteractionRefused(f"unknown key {key!r}; keys are {' '.join(sorted(KEYS))}")
+
+
 class Director:
     """Per-session interaction state; `plan_block` is called once per block, in order."""
 
@@ -121,32 +150,9 @@ class Director:
     # -- submission -------------------------------------------------------
     def submit(self, event: Interaction) -> None:
         """Validate and queue; raises InteractionRefused with the reason."""
-        if not isinstance(event.event_id, str) or not event.event_id:
-            raise InteractionRefused("event_id must be a non-empty string")
+        check_interaction(event, self.accepts_camera)
         if event.event_id in self._seen_ids:
             raise EventIdConflict(f"event_id {event.event_id!r} was already used in this session")
-        if event.prompt is None and event.camera is None and event.actions is None:
-            raise InteractionRefused("an interaction needs a prompt, a camera command or actions")
-        if event.prompt is not None and (not isinstance(event.prompt, str) or not event.prompt.strip()):
-            raise InteractionRefused("prompt must be a non-blank string")
-        if isinstance(event.transition_chunks, bool) or not isinstance(event.transition_chunks, int) or event.transition_chunks < 0:
-            raise InteractionRefused("transition_chunks must be an integer >= 0")
-        if (event.camera is not None or event.actions is not None) and not self.accepts_camera:
-            raise InteractionRefused("this model has no camera adapter: camera and keyboard actions are not supported")
-        if event.camera is not None:
-            if event.camera.mode not in ("velocity", "target"):
-                raise InteractionRefused(f"camera mode must be 'velocity' or 'target', got {event.camera.mode!r}")
-            try:
-                event.camera.pose()
-            except (ValueError, TypeError) as exc:
-                raise InteractionRefused(f"camera pose is invalid: {exc}") from None
-        if event.actions is not None:
-            if not event.actions:
-                raise InteractionRefused("actions must list at least one latent frame of keys")
-            for frame in event.actions:
-                for key in frame:
-                    if key not in KEYS:
-                        raise InteractionRefused(f"unknown key {key!r}; keys are {' '.join(sorted(KEYS))}")
         self._seen_ids[event.event_id] = None
         if len(self._seen_ids) > self._remembered_ids:
             self._seen_ids.popitem(last=False)

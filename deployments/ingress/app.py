@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -16,6 +16,7 @@ from ray.serve.handle import DeploymentHandle
 from deployments.config import AppConfig
 from deployments.ingress.access import AccessDenied, AccessPolicy, Grant, SessionsPerKey, keys_from
 from deployments.ingress.chat_session import ChatSession
+from deployments.ingress.readiness import ModelReadiness
 from deployments.ingress.video_session import VideoSession
 from deployments.ingress.videos_api import install as install_videos_api
 from deployments.ingress.websocket_session import refuse_websocket
@@ -45,17 +46,11 @@ class VideoIngress:
         self.understanding = understanding
         self.jobs = jobs  # VideoJobs; None: no /v1/videos
         self.metrics = IngressMetrics()
-        self._info: dict[str, dict] = {}
+        self.readiness = ModelReadiness({"WorldModel": world} | ({"Understanding": understanding} if understanding is not None else {}))
         origins = tuple(o.rstrip("/") for o in config.allowed_origins) if config.allowed_origins is not None else None
         self.access = AccessPolicy(keys_from(config.api_keys, os.environ), origins)
         self.sessions_per_key = SessionsPerKey(config.max_sessions_per_key)
         self._open_sockets = 0
-
-    async def _model_info(self, name: str, handle: DeploymentHandle) -> dict:
-        # Asked once: what a model can do does not change while its deployment lives.
-        if name not in self._info:
-            self._info[name] = await handle.model_info.remote()
-        return self._info[name]
 
     @app.get("/")
     async def player_page(self) -> FileResponse:
@@ -66,8 +61,13 @@ class VideoIngress:
         return FileResponse(WEB / "chat.html")
 
     @app.get("/healthz")
-    async def healthz(self) -> dict:
-        return {"status": "ok", "pid": os.getpid()}
+    async def healthz(self) -> JSONResponse:
+        # 200 only once every model deployment has a replica that can take a session: a load balancer or a
+        # client that waits for it never meets a session that waits on model loading.
+        loading = await self.readiness.not_ready()
+        if loading:
+            return JSONResponse({"status": "loading", "not_ready": loading, "pid": os.getpid()}, status_code=503)
+        return JSONResponse({"status": "ok", "pid": os.getpid()})
 
     def check_http(self, request: Request) -> None:
         """API keys and origins for HTTP routes; refusals answer in OpenAI's error shape."""
@@ -111,7 +111,7 @@ class VideoIngress:
     @app.websocket("/v1/realtime/video")
     async def realtime_video(self, websocket: WebSocket) -> None:
         async def make(grant: Grant) -> VideoSession:
-            info = await self._model_info("world", self.world)
+            info = lambda: self.readiness.info("WorldModel", self.config.model_wait_s)  # noqa: E731
             return VideoSession(websocket, self.config, self.world, info, self.metrics, grant.subprotocol)
 
         await self._serve_socket(websocket, VideoSession.endpoint, make)
@@ -123,7 +123,7 @@ class VideoIngress:
             return
 
         async def make(grant: Grant) -> ChatSession:
-            info = await self._model_info("understanding", self.understanding)
+            info = lambda: self.readiness.info("Understanding", self.config.model_wait_s)  # noqa: E731
             return ChatSession(websocket, self.config, self.understanding, info, self.metrics, grant.subprotocol)
 
         await self._serve_socket(websocket, ChatSession.endpoint, make)

@@ -7,7 +7,8 @@ buffers audio; a question takes the numbers of a sample of the ring and the
 audio to the replica. The pump
 turns the replica's answer stream into `response.*` messages; the watchdog
 keeps the idle clock and renews the replica's lease. Frames keep arriving while
-an answer streams; a newer question replaces a running one on the replica.
+an answer streams; questions are answered in order, each in full (as in the
+seed), unless the session opted into `replace_running_answer`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fastapi import WebSocket
@@ -22,6 +24,7 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
 from deployments.ingress.limits import TokenBucket
+from deployments.ingress.readiness import ModelNotReady
 from deployments.ingress.websocket_session import SessionFault, WebSocketSession
 from deployments.media.frames import (
     AudioBuffer,
@@ -62,14 +65,15 @@ class ChatSession(WebSocketSession):
         websocket: WebSocket,
         config: AppConfig,
         understanding: DeploymentHandle,
-        model_info: dict,
+        model_info: Callable[[], Awaitable[dict]],
         metrics=None,
         subprotocol: str | None = None,
     ) -> None:
         super().__init__(websocket, metrics, subprotocol=subprotocol, max_messages_per_second=config.max_messages_per_second)
         self.config = config
         self.understanding = understanding
-        self.model_info = model_info
+        self._model_info = model_info  # waits (boundedly) for a loaded replica: the handshake never does
+        self.model_info: dict = {}
         self._last_message = time.monotonic()
         self._accepted: ChatAccepted | None = None
         self._settings: chat.ChatConfig | None = None
@@ -89,8 +93,12 @@ class ChatSession(WebSocketSession):
         try:
             settings = chat.parse_session_config(raw)
             chat.check_model(settings, [self.config.understanding_name])
+            self.model_info = await self._model_info()
         except ProtocolError as exc:
             await self.fail(exc)
+            return
+        except ModelNotReady as exc:
+            await self.fail(errors.model_not_ready(exc.waited_s, self.config.retry_after_s))
             return
         request = ChatRequest(
             session_id=uuid.uuid4().hex,
@@ -98,6 +106,7 @@ class ChatSession(WebSocketSession):
             max_frames=settings.max_frames,
             # Questions that see every retained frame can have them prefilled as they arrive.
             live_context=settings.num_sample_frames >= settings.max_frames,
+            replace_running_answer=settings.replace_running_answer,
         )
         first = await self.open_stream(self.understanding, "run_chat", request, ChatAccepted, self.config.retry_after_s)
         if not isinstance(first, ChatAccepted):
@@ -147,7 +156,8 @@ class ChatSession(WebSocketSession):
 
     async def _take_frame(self, message: chat.FrameMessage) -> None:
         if not self._frame_rate.take():
-            await self.fail(errors.rate_limited("video.frame messages", self._frame_rate.rate))
+            # Dropped like a filtered frame, never an `error`: upstream clients quit on the first one, and an
+            # unpaced client sending a recorded clip is not misbehaving.
             if message.frame_id not in (None, ""):
                 await self.send_json(chat.frame_ack(message.frame_id, False, len(self._frames), chat.ACK_RATE_LIMITED, pts_ms=message.pts_ms))
             return
@@ -205,13 +215,16 @@ class ChatSession(WebSocketSession):
     async def _pump(self) -> int:
         async for item in self.stream:
             if isinstance(item, QueryStarted):
-                await self.send_json(chat.response_start(item.query_id, frames=item.frames, audio_seconds=item.audio_seconds))
+                # The answer is text whatever `modalities` asked for: say so, as upstream's newest server does.
+                await self.send_json(chat.response_start(item.query_id, frames=item.frames, audio_seconds=item.audio_seconds,
+                                                         modalities=["text"]))
             elif isinstance(item, TextDelta):
                 await self.send_json(chat.text_delta(item.delta))
             elif isinstance(item, QueryFinished):
                 if item.error is not None:
                     await self.fail(chat.query_failed())
-                await self.send_json(chat.text_done(item.text))
+                # Additive: a client that opted into replacement learns which answer was cut short.
+                await self.send_json(chat.text_done(item.text, **({"interrupted": True} if item.interrupted else {})))
             elif isinstance(item, ChatEnded):
                 if self._settings.evs_enabled:
                     f = self._filter

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 from fastapi import WebSocket
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
+from deployments.generation.interactions import InteractionRefused, check_interaction
 from deployments.ingress.image_fetch import FetchPolicy, fetch_image, is_remote_url
+from deployments.ingress.readiness import ModelNotReady
 from deployments.ingress.websocket_session import SessionFault, WebSocketSession
 from deployments.protocol import errors, video
 from deployments.protocol.errors import ProtocolError
@@ -41,12 +44,13 @@ class VideoSession(WebSocketSession):
         websocket: WebSocket,
         config: AppConfig,
         world: DeploymentHandle,
-        model_info: dict,
+        model_info: Callable[[], Awaitable[dict]],
         metrics=None,
         subprotocol: str | None = None,
     ) -> None:
         super().__init__(websocket, metrics, subprotocol=subprotocol, max_messages_per_second=config.max_messages_per_second)
-        self.model_info = model_info
+        self._model_info = model_info  # waits (boundedly) for a loaded replica: the handshake never does
+        self.model_info: dict = {}
         self.config = config
         self.world = world
         self._last_progress = time.monotonic()
@@ -63,11 +67,15 @@ class VideoSession(WebSocketSession):
         try:
             start = video.parse_session_start(raw)
             video.check_model(start, [self.config.model_name])
+            self.model_info = await self._model_info()
             remote_image = await self._fetch_start_image(start)
             resolved = video.resolve_generation(start, self._defaults(), remote_image)
             pacing = PacingSettings.from_extra_params(resolved.extra_params)
         except ProtocolError as exc:
             await self.fail(exc)
+            return
+        except ModelNotReady as exc:
+            await self.fail(errors.model_not_ready(exc.waited_s, self.config.retry_after_s))
             return
         except PacingError as exc:
             await self.fail(ProtocolError(f"Invalid session.start: {exc}", errors.INVALID_REQUEST, close_code=errors.CLOSE_POLICY))
@@ -130,14 +138,14 @@ class VideoSession(WebSocketSession):
                     video.chunk_metadata(
                         self.request_id,
                         kind="media",
-                        num_frames=item.num_frames,
+                        num_frames=item.block_frames,
                         byte_length=len(item.data),
                         transport_chunk_index=self._chunks_sent,
                         generation_chunk_index=item.block_index,
                         started=list(item.started_event_ids),
                         active=list(item.active_event_ids),
                         completed=list(item.completed_event_ids),
-                        block_num_frames=item.block_frames,
+                        fragment_frames=item.num_frames,
                     ),
                     item.data,
                 )
@@ -146,13 +154,14 @@ class VideoSession(WebSocketSession):
                     video.chunk_metadata(
                         self.request_id,
                         kind="trailer",
-                        num_frames=item.num_frames,
+                        num_frames=0,
                         byte_length=len(item.data),
                         transport_chunk_index=self._chunks_sent,
                         generation_chunk_index=None,
                         started=[],
                         active=[],
                         completed=[],
+                        fragment_frames=item.num_frames,
                     ),
                     item.data,
                 )
@@ -192,6 +201,15 @@ class VideoSession(WebSocketSession):
                 event_id = message.event_id
                 if event_id in self._event_ids:
                     await self.fail(errors.event_id_conflict(event_id))
+                    continue
+                try:
+                    # Refused here, the client gets the error instead of `queued` (the seed's order).
+                    check_interaction(message.interaction, self.model_info["accepts_camera"])
+                except InteractionRefused as exc:
+                    if self.metrics is not None:
+                        self.metrics.interaction(self.endpoint, "failed")
+                    failure = errors.interaction_failed(event_id)
+                    await self.send_error(failure.message, failure.code, event_id=event_id, reason=str(exc))
                     continue
                 self._event_ids.add(event_id)
                 if await mailbox.post.remote(sid, Interact(message.interaction)):

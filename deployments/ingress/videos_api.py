@@ -4,7 +4,7 @@ The routes are plain functions added to the ingress app by `install`. Each
 gets a `VideosApi` over the ingress replica serving the request (Serve's
 `servable_object`, the same object its class routes get as `self`); it needs
 the replica's `config`, `world`, `jobs` (the VideoJobs handle; None when the
-jobs API is off), `_model_info(name, handle)` and `check_http(request)`, the
+jobs API is off), `readiness` (ingress/readiness.py) and `check_http(request)`, the
 API-key check every HTTP route passes first. They are not methods of the
 ingress class on purpose: Serve binds `self` to a class's routes by rewriting
 their signatures when the class is decorated, in the driver; a method defined
@@ -29,6 +29,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.ingress.image_fetch import FetchPolicy, fetch_image
+from deployments.ingress.readiness import ModelNotReady
 from deployments.jobs.content import DOWNLOADS, VIDEO
 from deployments.jobs.records import COMPLETED, ID_PREFIX, JobRecord, JobsError, JobSpec
 from deployments.protocol import videos
@@ -76,8 +77,8 @@ class VideosApi:
         _ = self.jobs  # refuse before reading a body the server will not use
         body = await _read_body(request)
         try:
-            info = await self.ingress._model_info("world", self.ingress.world)
-        except (RayActorError, RayServeException):
+            info = await self.ingress.readiness.info("WorldModel", self.config.model_wait_s)
+        except (RayActorError, RayServeException, ModelNotReady):
             raise videos.over_capacity("The video model is starting; try again shortly.", self.config.retry_after_s) from None
         remote_image = None
         if (url := videos.remote_image_url(body)) is not None:

@@ -122,7 +122,7 @@ class FragmentedMP4Encoder:
     Not thread-safe: call it from one thread at a time (see :class:`AsyncFragmentEncoder`).
     """
 
-    def __init__(self, width: int, height: int, fps: int, *, threads: int | None = None) -> None:
+    def __init__(self, width: int, height: int, fps: int, *, threads: int | None = None, options: dict[str, str] | None = None) -> None:
         _check_size(width, height)
         if isinstance(fps, bool) or not isinstance(fps, (int, np.integer)) or fps <= 0:
             raise ValueError(f"fps must be a positive integer, got {fps!r}")
@@ -136,7 +136,8 @@ class FragmentedMP4Encoder:
         self._container = av.open(self._sink, "w", format="mp4", options={"movflags": MOVFLAGS})
         try:
             stream = self._container.add_stream(
-                "libx264", rate=self.fps, options={"preset": "ultrafast", "tune": "zerolatency"}
+                # `options` (a session's checked choices) never override the tune: zerolatency keeps one frame per fragment.
+                "libx264", rate=self.fps, options={"preset": "ultrafast", **(options or {}), "tune": "zerolatency"}
             )
             stream.width, stream.height, stream.pix_fmt = self.width, self.height, "yuv420p"
             stream.time_base = self._frame_time  # the muxer may pick a multiple (e.g. 1/12288 at 24 fps)
@@ -266,8 +267,8 @@ class AsyncFragmentEncoder:
     broken): only do it when the session is ending.
     """
 
-    def __init__(self, width: int, height: int, fps: int, *, threads: int | None = None) -> None:
-        self.encoder = FragmentedMP4Encoder(width, height, fps, threads=threads)
+    def __init__(self, width: int, height: int, fps: int, *, threads: int | None = None, options: dict[str, str] | None = None) -> None:
+        self.encoder = FragmentedMP4Encoder(width, height, fps, threads=threads, options=options)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fmp4-encode")
         self._inflight: set[concurrent.futures.Future] = set()
         self._shut = False

@@ -157,6 +157,9 @@ class ChatConfig:
     evs_enabled: bool = True
     evs_threshold: float = 0.95
     system_prompt: str | None = None
+    use_audio_in_video: bool = False  # upstream's: the clip's audio goes with its frames (ours always does)
+    # Ours, opt-in: a newer `video.query` ends the running answer (the seed answers each in full, in order).
+    replace_running_answer: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -173,6 +176,8 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "evs_enabled": (bool,),
     "evs_threshold": (int, float),
     "system_prompt": (str, type(None)),
+    "use_audio_in_video": (bool,),
+    "replace_running_answer": (bool,),
 }
 ALIASES: dict[str, str] = {  # alias -> canonical field
     "num_frames": "num_sample_frames",

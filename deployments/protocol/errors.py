@@ -39,6 +39,7 @@ INTERNAL_ERROR = "internal_error"
 CLIENT_TOO_SLOW = "client_too_slow"
 RATE_LIMITED = "rate_limited"
 SESSION_ABORTED = "session_aborted"  # the replica dropped the session (its lease lapsed)
+MODEL_NOT_READY = "model_not_ready"  # the model's replicas were still loading when the session started
 
 # -- fixed texts that are not produced by a parser ------------------------------------
 START_TIMEOUT_MESSAGE = "Timeout waiting for session.start"
@@ -114,6 +115,11 @@ def event_id_conflict(event_id: str) -> ProtocolError:
 def interaction_failed(event_id: str) -> ProtocolError:
     """The engine refused the interaction; generation goes on and the id may be reused."""
     return ProtocolError(INTERACTION_FAILED_MESSAGE, INTERACTION_FAILED, event_id=event_id)
+
+
+def model_not_ready(waited_s: float, retry_after_s: float) -> ProtocolError:
+    return ProtocolError(f"The model is still loading (waited {waited_s:g} s); try again shortly", MODEL_NOT_READY,
+                         close_code=CLOSE_TRY_AGAIN, retry_after_s=retry_after_s)
 
 
 def over_capacity(retry_after_s: float, message: str = "Server is at capacity; try again later") -> ProtocolError:

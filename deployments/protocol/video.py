@@ -381,6 +381,7 @@ class GenerationDefaults:
     max_guidance_scale: float = 1.0
     image_conditioned: bool | None = None  # True: image-to-video (start image required); None: not checked
     max_image_pixels: int = IMAGE_MAX_PIXELS
+    accepts_camera: bool | None = None  # False: keys and camera refused (a model without a camera adapter); None: not checked
 
     def frames_for_blocks(self, blocks: int) -> int:
         return timeline.frames_for_blocks(blocks, self.frames_per_block, self.temporal_factor)
@@ -406,6 +407,8 @@ class ResolvedStart:
     negative_prompt: str | None = None  # echoed; a guidance-free model does not use it
     extra_params: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)  # `video.start`'s config: set fields, num_frames as used
+    codec_options: tuple[tuple[str, str], ...] = ()  # extra_params.video_codec_options, checked
+    action_script: tuple[tuple[str, ...], ...] | None = None  # extra_params.camera_action_script, one key set per latent frame
 
     @property
     def echo_config(self) -> dict:
@@ -473,6 +476,22 @@ def resolve_generation(request: SessionStartRequest, defaults: GenerationDefault
             problems.append(f"{name}: must be <= {defaults.max_guidance_scale:g} ({why}), got {value:g}")
     if request.lora:
         problems.append("lora: per-request LoRA adapters are not supported by this server")
+    extra = request.extra_params or {}
+    codec_options: tuple[tuple[str, str], ...] = ()
+    action_script = None
+    try:
+        codec_options = parse_codec_options(extra.get("video_codec_options"))
+    except ValueError as exc:
+        problems.append(f"extra_params.{exc}")
+    if extra.get("camera_action_script") is not None:
+        if defaults.accepts_camera is False:
+            problems.append("extra_params.camera_action_script: this model has no camera adapter, so keyboard actions are not supported")
+        else:
+            try:
+                action_script = parse_action_script(extra["camera_action_script"], defaults.frames_per_block, num_blocks,
+                                                    name="camera_action_script")
+            except ValueError as exc:
+                problems.append(f"extra_params.{exc}")
 
     if problems:
         raise invalid_start("; ".join(problems))
@@ -506,8 +525,10 @@ def resolve_generation(request: SessionStartRequest, defaults: GenerationDefault
         num_blocks=num_blocks,
         image=image,
         negative_prompt=request.negative_prompt,
-        extra_params=dict(request.extra_params or {}),
+        extra_params=dict(extra),
         config=config,
+        codec_options=codec_options,
+        action_script=action_script,
     )
 
 
@@ -694,6 +715,65 @@ def parse_actions(payload: Any) -> tuple[tuple[str, ...], ...]:
                 raise ValueError(f"actions[{i}] has unknown key {short(repr(key), 32)}; keys are {_KEY_LIST}")
         frames.append(tuple(frame))
     return tuple(frames)
+
+
+def parse_action_script(script: Any, frames_per_block: int, num_blocks: int | None = None, *, name: str = "actions") -> tuple[tuple[str, ...], ...]:
+    """An action script (`examples/actions.json`: one entry per block, each `frames_per_block` lists of keys),
+    flattened to one key set per latent frame. Raises ValueError naming the entry, as `name[block][frame]`."""
+    shape = f"a list with one entry per block, each a list of {frames_per_block} per-latent-frame lists of keys"
+    if not isinstance(script, list) or not script:
+        raise ValueError(f"{name}: must be {shape}")
+    if num_blocks is not None and len(script) > num_blocks:
+        raise ValueError(f"{name}: {len(script)} blocks of actions for a video of {num_blocks} blocks")
+    frames = []
+    for b, block in enumerate(script):
+        if not isinstance(block, list) or len(block) != frames_per_block:
+            raise ValueError(f"{name}[{b}]: must be a list of {frames_per_block} per-latent-frame lists of keys")
+        frames.extend(block)
+    try:
+        return parse_actions(frames)
+    except ValueError as exc:
+        # parse_actions counts latent frames over the whole script: name the block too.
+        def label(m: re.Match) -> str:
+            index = int(m.group(1))
+            return f"{name}[{index // frames_per_block}][{index % frames_per_block}]"
+
+        raise ValueError(re.sub(r"actions\[(\d+)\]", label, str(exc), count=1)) from None
+
+
+# x264 options a client may set per session (`extra_params.video_codec_options`) and what each takes. Nothing
+# that adds latency or breaks the stream's shape: `tune` stays zerolatency and B-frames stay off.
+CODEC_OPTIONS: dict[str, tuple[str, ...] | tuple[int, int]] = {
+    "crf": (0, 51),
+    "g": (1, 600),  # keyframe interval, in frames
+    "preset": ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium"),
+    "profile": ("baseline", "main", "high"),
+}
+
+
+def parse_codec_options(options: Any) -> tuple[tuple[str, str], ...]:
+    """`video_codec_options` -> (name, value) pairs for the encoder; raises ValueError naming what was refused."""
+    if options is None:
+        return ()
+    if not isinstance(options, dict):
+        raise ValueError("video_codec_options: must be an object of x264 options")
+    allowed = ", ".join(CODEC_OPTIONS)
+    out = []
+    for key, value in options.items():
+        if key not in CODEC_OPTIONS:
+            raise ValueError(f"video_codec_options: {short(repr(key), 40)} is not an option this server lets a session set; allowed: {allowed}")
+        choices = CODEC_OPTIONS[key]
+        if isinstance(choices[0], int):
+            low, high = choices
+            number = value if isinstance(value, int) and not isinstance(value, bool) else (int(value) if isinstance(value, str) and value.isdigit() else None)
+            if number is None or not low <= number <= high:
+                raise ValueError(f"video_codec_options.{key}: must be an integer from {low} to {high}, got {short(repr(value), 40)}")
+            out.append((key, str(number)))
+        else:
+            if value not in choices:
+                raise ValueError(f"video_codec_options.{key}: must be one of {', '.join(choices)}, got {short(repr(value), 40)}")
+            out.append((key, value))
+    return tuple(out)
 
 
 # =====================================================================================

@@ -236,29 +236,11 @@ def parse_video_create(
 
 
 def parse_action_script(script: Any, frames_per_block: int, num_blocks: int) -> tuple[tuple[str, ...], ...]:
-    """An action script (`examples/actions.json`: one entry per block, each `frames_per_block` key lists),
-    flattened to one key set per latent frame; raises ApiError."""
-    shape = f"a list with one entry per block, each a list of {frames_per_block} per-latent-frame lists of keys"
-    if not isinstance(script, list) or not script:
-        raise invalid(f"{REQUEST_PREFIX}actions: must be {shape}", param="actions")
-    if len(script) > num_blocks:
-        raise invalid(f"{REQUEST_PREFIX}actions: {len(script)} blocks of actions for a video of {num_blocks} blocks", param="actions")
-    frames = []
-    for b, block in enumerate(script):
-        if not isinstance(block, list) or len(block) != frames_per_block:
-            raise invalid(f"{REQUEST_PREFIX}actions[{b}]: must be a list of {frames_per_block} per-latent-frame lists of keys",
-                          param="actions")
-        frames.extend(block)
+    """The job's `actions` (see `video.parse_action_script`); raises ApiError."""
     try:
-        return video.parse_actions(frames)
+        return video.parse_action_script(script, frames_per_block, num_blocks)
     except ValueError as exc:
-        # parse_actions counts latent frames over the whole script: name the block too.
-        message = re.sub(r"actions\[(\d+)\]", lambda m: _frame_label(int(m.group(1)), frames_per_block), str(exc))
-        raise invalid(f"{REQUEST_PREFIX}{message}", param="actions") from None
-
-
-def _frame_label(index: int, frames_per_block: int) -> str:
-    return f"actions[{index // frames_per_block}][{index % frames_per_block}]"
+        raise invalid(f"{REQUEST_PREFIX}{exc}", param="actions") from None
 
 
 # =====================================================================================

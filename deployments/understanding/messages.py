@@ -14,6 +14,7 @@ class ChatRequest:
     system_prompt: str | None = None
     max_frames: int = 64  # the ingress's ring; the replica keeps the same frames
     live_context: bool = False  # questions see every retained frame: keep them prefilled
+    replace_running_answer: bool = False  # a newer query ends the running answer (else: each in full, in order)
 
 
 @dataclass(frozen=True)

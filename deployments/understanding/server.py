@@ -35,7 +35,7 @@ from deployments.understanding.session_frames import SessionFrames
 
 logger = logging.getLogger("ray.serve")
 
-# While an answer streams, look for a newer query this often (it replaces the running one).
+# While an answer streams, collect what arrives this often (a newer query replaces it where the session asked).
 CHECK_INTERVAL_S = 0.05
 
 
@@ -126,12 +126,12 @@ class UnderstandingServer:
                 if isinstance(message, FrameIn):
                     frames.add(message)
                 elif isinstance(message, Query):
-                    if any(isinstance(m, Query) for m in inbox):
+                    if request.replace_running_answer and any(isinstance(m, Query) for m in inbox):
                         # Only the newest question is worth answering; one it replaced ends at once.
                         yield QueryStarted(message.query_id)
                         yield QueryFinished(message.query_id, "", interrupted=True)
                         continue
-                    async for item in self._answer(sid, frames, message, inbox):
+                    async for item in self._answer(sid, frames, message, inbox, request.replace_running_answer):
                         yield item
                 elif isinstance(message, EndChat):
                     yield ChatEnded()
@@ -145,8 +145,8 @@ class UnderstandingServer:
             except Exception:  # the replica is going down; the mailbox goes with it
                 pass
 
-    async def _answer(self, sid: str, frames: SessionFrames, query: Query, inbox: list) -> AsyncIterator[object]:
-        """Stream one answer; a newer query arriving meanwhile stops it (and waits in `inbox`)."""
+    async def _answer(self, sid: str, frames: SessionFrames, query: Query, inbox: list, replaceable: bool) -> AsyncIterator[object]:
+        """Stream one answer; what arrives meanwhile waits in `inbox` (a newer query stops it if `replaceable`)."""
         audio_seconds = 0.0 if query.audio is None or not self.engine.takes_audio else len(query.audio) / self.engine.sampling_rate
         stop = threading.Event()
         try:
@@ -158,10 +158,10 @@ class UnderstandingServer:
             return
         yield QueryStarted(query.query_id, answer.frames, round(audio_seconds, 3))
         async with self._engine_turn:
-            async for item in self._stream(sid, query, answer.deltas, stop, inbox):
+            async for item in self._stream(sid, query, answer.deltas, stop, inbox, replaceable):
                 yield item
 
-    async def _stream(self, sid: str, query: Query, deltas, stop: threading.Event, inbox: list) -> AsyncIterator[object]:
+    async def _stream(self, sid: str, query: Query, deltas, stop: threading.Event, inbox: list, replaceable: bool) -> AsyncIterator[object]:
         text, error, interrupted = "", None, False
         began = time.monotonic()
         next_check = began + CHECK_INTERVAL_S
@@ -178,7 +178,7 @@ class UnderstandingServer:
                     next_check = time.monotonic() + CHECK_INTERVAL_S
                     delivery = await self.mailbox.take.remote(sid)
                     inbox.extend(delivery.messages)
-                    if any(isinstance(m, Query) for m in inbox):
+                    if replaceable and any(isinstance(m, Query) for m in inbox):
                         interrupted = True
                         break
         except Exception as exc:  # the model failed on this query; the session goes on

@@ -29,6 +29,7 @@ class SessionRequest:
     # Submitted before block 0 starts, so they always apply from the first frame (a video job's action script);
     # interactions sent through the mailbox land on whichever block starts after they arrive.
     interactions: tuple[Interaction, ...] = ()
+    codec_options: tuple[tuple[str, str], ...] = ()  # x264 options the session asked for (checked by the protocol)
 
 
 # -- replica -> ingress (items of the session stream) ---------------------------------
@@ -50,9 +51,9 @@ class SessionRefused:
 @dataclass(frozen=True)
 class MediaChunk:
     data: bytes
-    num_frames: int
+    num_frames: int  # frames the fragment completes (a block's last one leaves with the next chunk)
     block_index: int
-    block_frames: int = 0  # frames the block generated (its last one leaves with the next chunk)
+    block_frames: int = 0  # frames the block generated: the wire's `num_frames`
     started_event_ids: tuple[str, ...] = ()
     active_event_ids: tuple[str, ...] = ()
     completed_event_ids: tuple[str, ...] = ()

@@ -10,9 +10,13 @@ from __future__ import annotations
 import uuid
 
 from deployments.config import AppConfig
+from deployments.generation.interactions import Interaction
 from deployments.protocol import video
 from deployments.world_model.messages import SessionRequest
 from deployments.world_model.pacing import PacingSettings
+
+
+ACTION_SCRIPT_EVENT_ID = "camera_action_script"  # how the script's progress shows in chunk metadata
 
 
 def generation_defaults(config: AppConfig, model_info: dict) -> video.GenerationDefaults:
@@ -27,6 +31,7 @@ def generation_defaults(config: AppConfig, model_info: dict) -> video.Generation
         temporal_factor=model_info["temporal_factor"],
         size_multiple=model_info["size_multiple"],
         image_conditioned=model_info["image_conditioned"],
+        accepts_camera=model_info.get("accepts_camera"),
     )
 
 
@@ -44,4 +49,7 @@ def session_request(resolved: video.ResolvedStart, pacing: PacingSettings | None
         flow_shift=resolved.flow_shift,
         image=resolved.image,
         pacing=pacing,
+        codec_options=resolved.codec_options,
+        # Submitted before block 0, so the script plays from the first frame.
+        interactions=() if resolved.action_script is None else (Interaction(event_id=ACTION_SCRIPT_EVENT_ID, actions=resolved.action_script),),
     )

@@ -208,7 +208,7 @@ class WorldModelServer:
 
             from deployments.media.fmp4 import AsyncFragmentEncoder
 
-            encoder = AsyncFragmentEncoder(request.width, request.height, request.fps)
+            encoder = AsyncFragmentEncoder(request.width, request.height, request.fps, options=dict(request.codec_options))
             deadline = time.monotonic() + self.config.max_session_seconds
             clock = MediaClock(request.pacing) if request.pacing is not None else None
             blocks = frames = sent_frames = 0
