@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vae-steps", type=int, help="VAE training steps of each phase (default: 600 on short clips, 1000 mid-stream, 150 decoder-only)")
     parser.add_argument("--steps", type=int, help="transformer training steps (default: 2000)")
     parser.add_argument("--motion-steps", type=int, help="of those, the first ones on image-to-video samples without prompt transitions (default: 1250)")
+    parser.add_argument("--init-from", metavar="DIR", help="go on from shipped weights (e.g. deployments/models/weights/world): their VAE is kept, training starts from their transformer")
     parser.add_argument("--workers", type=int, help="rendering processes (default: 2)")
     parser.add_argument("--threads", type=int, help="torch threads (default: 2)")
     parser.add_argument("--stages", help="comma-separated stages to run (default: all)")
@@ -51,6 +52,13 @@ def main(args: argparse.Namespace) -> int:
                 print(f"rtv train-world: --{name} must be at least 1", file=sys.stderr)
                 return 2
             config = replace(config, **{name: value})
+    if args.init_from is not None:
+        from deployments.models.builtin_world_model import weights_available
+
+        if not weights_available(args.init_from):
+            print(f"rtv train-world: --init-from {args.init_from} holds no shipped weights (transformer, vae, text_encoder, camera_adapter .safetensors and spec.json)", file=sys.stderr)
+            return 2
+        config = replace(config, init_from=Path(args.init_from))
     if args.vae_steps is not None:
         config = replace(config, vae=config.vae.scaled(steps=args.vae_steps))
     for name, value in (("steps", args.steps), ("motion_steps", args.motion_steps)):

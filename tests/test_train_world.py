@@ -4,6 +4,7 @@ writes installs as a checkpoint the engine serves."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -42,6 +43,29 @@ def test_a_second_run_resumes_instead_of_starting_over(smoke_run) -> None:
     assert cli.main(["train-world", str(smoke_run / "weights"), "--work", str(work), "--smoke", "--threads", "1", "--stages", "render,vae,encode,world"]) == 0
     assert json.loads((work / "train.log").read_text().splitlines()[-1]).get("resumed_at") == 2  # nothing left to train
     assert (work / "transformer" / "checkpoint.pt").stat().st_mtime == before
+
+
+def test_a_run_can_go_on_from_shipped_weights(smoke_run, tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    shipped, work = smoke_run / "weights", tmp_path / "work"
+    shutil.copytree(smoke_run / "work" / "data", work / "data")  # the same trajectories, already rendered
+    assert cli.main(["train-world", str(tmp_path / "weights"), "--work", str(work), "--smoke", "--threads", "1",
+                     "--init-from", str(shipped), "--stages", "vae,encode,world"]) == 0
+    assert not (work / "vae" / "training.json").exists()  # the shipped VAE is taken, not trained
+    vae = load_file(work / "vae" / "diffusion_pytorch_model.safetensors")
+    for key, tensor in load_file(shipped / "vae.safetensors").items():
+        assert torch.equal(vae[key].half(), tensor), key
+    start = load_file(work / "init" / "transformer" / "diffusion_pytorch_model.safetensors")
+    for key, tensor in load_file(shipped / "transformer.safetensors").items():
+        assert torch.equal(start[key].half(), tensor), key  # training started from the shipped transformer, not a copy init
+    trained = torch.load(work / "transformer" / "checkpoint.pt", weights_only=False)["transformer"]
+    assert any(not torch.equal(trained[k], start[k]) for k in start)
+
+
+def test_init_from_needs_shipped_weights(tmp_path, capsys) -> None:
+    assert cli.main(["train-world", "--init-from", str(tmp_path)]) == 2
+    assert "holds no shipped weights" in capsys.readouterr().err
 
 
 def test_exported_weights_install_exactly_and_serve(smoke_run, tmp_path) -> None:

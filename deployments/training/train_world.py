@@ -15,6 +15,7 @@ torch build and thread count).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,6 +44,9 @@ class WorldTraining:
     threads: int = 2
     vae: VAETraining = field(default_factory=VAETraining)
     transformer: TransformerTraining = field(default_factory=TransformerTraining)
+    # Shipped weights to go on from (`save_shipped`'s layout): their VAE is taken as it is (the
+    # transformer's latents live in its space) and the transformer, adapter and text encoder start from them.
+    init_from: Path | None = None
 
     def smoke(self) -> "WorldTraining":
         """A few steps of everything: what CI runs."""
@@ -77,7 +81,12 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
     paths = list_trajectories(work / "data")[: config.trajectories]
 
     vae_dir = work / "vae"
-    if "vae" in wanted and not vae_trained(vae_dir, config.vae):
+    if "vae" in wanted and config.init_from is not None:
+        if not (vae_dir / "config.json").is_file():
+            _init_folder(work, config.init_from, seed)
+            shutil.copytree(work / "init" / "vae", vae_dir)
+            log({"stage": "vae", "from": str(config.init_from)})
+    elif "vae" in wanted and not vae_trained(vae_dir, config.vae):
         videos = [load_trajectory(p).frames for p in paths[: config.vae_trajectories]]
         report["vae"] = train_vae(videos, vae_dir, BUILTIN_SPEC, config.vae, seed=seed, log=log)
 
@@ -134,22 +143,35 @@ def _probe(trainer: TeacherForcing, data: dict, held: int, vae_dir: Path):
     return lambda: context_probe(trainer, samples, mean, std)
 
 
+def _init_folder(work: Path, init_from: Path | None, seed: int) -> Path:
+    """The checkpoint training starts from: random weights by the same builder (and seed) as the
+    random-weight checkpoints, or the shipped weights in `init_from`."""
+    from deployments.models.builtin_world_model import load_shipped
+    from deployments.models.tiny_world_model import build_world_model
+
+    init = work / "init"
+    if not (init / "transformer" / "config.json").is_file():
+        if init_from is None:
+            build_world_model(init, BUILTIN_SPEC, seed=seed)
+        else:
+            spec, weights = load_shipped(init_from)
+            build_world_model(init, spec, weights=weights)
+    return init
+
+
 def _trainer(work: Path, config: WorldTraining, seed: int) -> TeacherForcing:
     """The models to train, initialized by the same builder (and seed) as the random-weight checkpoints."""
     from diffusers import WanTransformer3DModel
     from transformers import AutoTokenizer, UMT5EncoderModel
 
     from deployments.generation.camera_adapter import CameraAdapter
-    from deployments.models.tiny_world_model import build_world_model
 
-    init = work / "init"
-    if not (init / "transformer" / "config.json").is_file():
-        build_world_model(init, BUILTIN_SPEC, seed=seed)
+    init = _init_folder(work, config.init_from, seed)
     transformer = WanTransformer3DModel.from_pretrained(init, subfolder="transformer").train()
     adapter = CameraAdapter.from_pretrained(init, subfolder="camera_adapter").train()
     text_encoder = UMT5EncoderModel.from_pretrained(init / "text_encoder").eval()  # no dropout; gradients still flow
     tokenizer = AutoTokenizer.from_pretrained(init / "tokenizer")
-    if config.transformer.copy_init:
+    if config.transformer.copy_init and config.init_from is None:
         init_as_copy(transformer, adapter)
     spec = BUILTIN_SPEC
     blocks = sequence_blocks_for(spec.sink_size, spec.sliding_window_num_frames, spec.num_frames_per_block)
