@@ -185,10 +185,10 @@ def build(args, device: str, report: Report) -> Path:
 
 # -- in-process -----------------------------------------------------------------------
 def _session(engine, args, prompt: str, seed: int):
-    from deployments.generation.session import SessionConfig
+    from deployments.contract.session_spec import SessionSpec
 
     width, height = args.size
-    return engine.open_session(SessionConfig(prompt=prompt, height=height, width=width, seed=seed))
+    return engine.open_session(SessionSpec(prompt=prompt, height=height, width=width, seed=seed))
 
 
 def _first_full_block(geometry) -> int:

@@ -20,10 +20,10 @@ def load_engine(model: Path):
 
 
 def session_config(size: tuple[int, int], seed: int, steps: int | None = None, prompt: str = PROMPT):
-    from deployments.generation.session import SessionConfig
+    from deployments.contract.session_spec import SessionSpec
 
     width, height = size
-    return SessionConfig(prompt=prompt, height=height, width=width, seed=seed, num_inference_steps=steps)
+    return SessionSpec(prompt=prompt, height=height, width=width, seed=seed, num_inference_steps=steps)
 
 
 @dataclass

@@ -83,13 +83,13 @@ def replica_block_seconds(prompt: str, blocks: int, size: tuple[int, int], seed:
     import ray
     from ray import serve
 
-    from deployments.world_model.messages import SessionRequest
+    from deployments.contract.session_spec import SessionSpec
 
     if not ray.is_initialized() or APP_NAME not in serve.status().applications:
         return None
     handle = serve.get_deployment_handle("WorldModel", APP_NAME)
     width, height = size
-    request = SessionRequest(session_id=uuid.uuid4().hex, prompt=prompt, height=height, width=width, fps=16, seed=seed)
+    request = SessionSpec(session_id=uuid.uuid4().hex, prompt=prompt, height=height, width=width, fps=16, seed=seed)
     began = time.perf_counter()
     handle.rollout_latents.remote(request, blocks).result()
     return (time.perf_counter() - began) / blocks

@@ -30,9 +30,9 @@ def add_arguments(parser) -> None:
 def _block_times(engine, blocks: int, seed: int) -> list[float]:
     from deployments.training.behaviour import held
 
-    from deployments.generation.session import SessionConfig
+    from deployments.contract.session_spec import SessionSpec
 
-    session = engine.open_session(SessionConfig(prompt="a green meadow", height=64, width=64, seed=seed))
+    session = engine.open_session(SessionSpec(prompt="a green meadow", height=64, width=64, seed=seed))
     times = []
     for events in held(("w",), blocks):
         for e in events:

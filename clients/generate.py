@@ -53,7 +53,7 @@ from clients.stream_client import (
     session_start_message,
     video_url,
 )
-from deployments.protocol.timeline import (
+from deployments.contract.timeline import (
     FRAMES_PER_BLOCK,
     TEMPORAL_FACTOR,
     blocks_for_frames,

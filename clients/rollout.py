@@ -47,7 +47,7 @@ def load_action_script(path: str | os.PathLike, frames_per_block: int) -> list[A
 
     Returns one tuple of per-latent-frame key tuples per block; raises RolloutInputError.
     """
-    from deployments.protocol.keys import KEYS
+    from deployments.contract.keys import KEYS
 
     p = Path(path)
     if not p.is_file():
@@ -64,7 +64,7 @@ def load_action_script(path: str | os.PathLike, frames_per_block: int) -> list[A
 def parse_action_script(data: object, frames_per_block: int, source: str = "action script", keys=None) -> list[Actions]:
     """Validate already-decoded action-script JSON; see `load_action_script`."""
     if keys is None:
-        from deployments.protocol.keys import KEYS as keys
+        from deployments.contract.keys import KEYS as keys
     where = f"action script {source}" if source != "action script" else source
     shape_hint = f"expected a JSON list with one entry per block, each a list of {frames_per_block} per-latent-frame lists of keys"
     if not isinstance(data, list):
@@ -293,8 +293,9 @@ def run_rollout(plan: RolloutPlan, log: Callable[[str], None] | None = None, eng
     import numpy as np
 
     from deployments.generation.geometry import CheckpointError
-    from deployments.generation.interactions import Interaction, InteractionRefused
-    from deployments.generation.session import SessionConfig
+    from deployments.contract.events import Interaction
+    from deployments.generation.interactions import InteractionRefused
+    from deployments.contract.session_spec import SessionSpec
 
     log = log or (lambda line: None)
     geometry = plan.geometry
@@ -313,7 +314,7 @@ def run_rollout(plan: RolloutPlan, log: Callable[[str], None] | None = None, eng
     geometry = engine.geometry
     if plan.actions is not None and not engine.accepts_camera:
         raise RolloutInputError(f"model {plan.model} has no camera adapter: it takes no keyboard actions (drop --action-script)")
-    config = SessionConfig(prompt=plan.prompt, height=plan.height, width=plan.width, seed=plan.seed, image=plan.image)
+    config = SessionSpec(prompt=plan.prompt, height=plan.height, width=plan.width, seed=plan.seed, image=plan.image)
     try:
         session = engine.open_session(config)
     except ValueError as exc:

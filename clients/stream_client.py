@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any, Union
 
 from clients.common import WebSocketClient, connect_kwargs, open_websocket
-from deployments.protocol.keys import KEYS
-from deployments.protocol.timeline import (
+from deployments.contract.keys import KEYS
+from deployments.contract.timeline import (
     FRAMES_PER_BLOCK,
     TEMPORAL_FACTOR,
     frames_for_blocks,

@@ -7,14 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from deployments.contract.events import CameraCommand, Interaction
 from deployments.generation.engine import SessionCancelled, WorldModelEngine
 from deployments.generation.geometry import CheckpointError, read_geometry
-from deployments.generation.interactions import (
-    CameraCommand,
-    Interaction,
-    InteractionRefused,
-)
-from deployments.generation.session import SessionConfig
+from deployments.generation.interactions import InteractionRefused
+from deployments.contract.session_spec import SessionSpec
 from deployments.generation.vae_stream import StreamingDecoder
 
 pytestmark = pytest.mark.timeout(300)
@@ -33,7 +30,7 @@ def rollout(engine, config, blocks, events=None):
 
 
 def cfg(**kw):
-    return SessionConfig(**({"prompt": "a red fox in snow", "height": 64, "width": 96, "seed": 7} | kw))
+    return SessionSpec(**({"prompt": "a red fox in snow", "height": 64, "width": 96, "seed": 7} | kw))
 
 
 # -- geometry -----------------------------------------------------------------

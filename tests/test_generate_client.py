@@ -40,7 +40,7 @@ from clients.stream_client import (
     stream_session,
     video_url,
 )
-from deployments.protocol.timeline import frames_for_blocks
+from deployments.contract.timeline import frames_for_blocks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 APP_NAME = "generate-client-tests"

@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 
 from deployments.generation.engine import WorldModelEngine
 from deployments.generation.geometry import CheckpointError
-from deployments.generation.interactions import Interaction
-from deployments.generation.session import SessionConfig
+from deployments.contract.events import Interaction
+from deployments.contract.session_spec import SessionSpec
 from deployments.models.wan_import import ImportRequest, import_checkpoint
 from wan_layout import make_stock_base, to_original_wan
 
@@ -49,7 +49,7 @@ KEYS = [[Interaction(event_id="k0", actions=(("w",), ("l",), ()))], [Interaction
 
 def frames_of(model_dir) -> list[np.ndarray]:
     engine = WorldModelEngine.from_pretrained(model_dir)
-    session = engine.open_session(SessionConfig(prompt="a red fox in snow", height=64, width=96, seed=3))
+    session = engine.open_session(SessionSpec(prompt="a red fox in snow", height=64, width=96, seed=3))
     out = []
     for events in KEYS:
         for event in events:
@@ -114,7 +114,7 @@ def test_diffusers_naming_and_bfloat16_default(native_state, stock_base, tmp_pat
     assert not (out / "camera_adapter").exists()
     # Without a camera adapter the imported model refuses keys, by name.
     engine = WorldModelEngine.from_pretrained(out)
-    session = engine.open_session(SessionConfig(prompt="x", height=64, width=64))
+    session = engine.open_session(SessionSpec(prompt="x", height=64, width=64))
     with pytest.raises(Exception, match="no camera adapter"):
         session.submit(Interaction(event_id="k", actions=(("w",), (), ())))
     session.close()

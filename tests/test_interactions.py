@@ -4,13 +4,8 @@ import numpy as np
 import pytest
 
 from deployments.generation.camera import KeyMotion, Pose, plucker_rays, quat_axis_angle
-from deployments.generation.interactions import (
-    CameraCommand,
-    Director,
-    EventIdConflict,
-    Interaction,
-    InteractionRefused,
-)
+from deployments.contract.events import CameraCommand, Interaction
+from deployments.generation.interactions import Director, EventIdConflict, InteractionRefused
 
 
 def director(camera: bool = True) -> Director:

@@ -23,7 +23,7 @@ from deployments.jobs.records import (
 from deployments.jobs.runner import JobFailed, RunResult
 from deployments.jobs.store import JobStore
 from deployments.media.fmp4 import FragmentedMP4Encoder
-from deployments.world_model.messages import SessionRequest
+from deployments.contract.session_spec import SessionSpec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -195,7 +195,7 @@ def fmp4(frames: int, size: int = 32) -> bytes:
 
 
 def spec(blocks: int = 3, **request) -> JobSpec:
-    request = SessionRequest(**{"session_id": "s", "prompt": "a lake", "height": 32, "width": 32, "fps": 8, "num_blocks": blocks,
+    request = SessionSpec(**{"session_id": "s", "prompt": "a lake", "height": 32, "width": 32, "fps": 8, "num_blocks": blocks,
                                 **request})
     return JobSpec(request, model="m", seconds="1", size="32x32", num_frames=9)
 

@@ -1,6 +1,7 @@
 import pytest
 
-from deployments.world_model.pacing import MediaClock, PacingError, PacingSettings
+from deployments.contract.session_spec import PacingSettings
+from deployments.world_model.pacing import MediaClock
 
 
 class Clock:
@@ -9,15 +10,6 @@ class Clock:
 
     def __call__(self):
         return self.t
-
-
-def test_settings_from_extra_params():
-    assert PacingSettings.from_extra_params({}) is None
-    assert PacingSettings.from_extra_params({"pace_to_media_time": True}) == PacingSettings(0.0, 5.0)
-    assert PacingSettings.from_extra_params({"pace_to_media_time": True, "pacing_lead_seconds": 0.5, "pacing_max_lag_seconds": None}) == PacingSettings(0.5, None)
-    for bad in ({"pace_to_media_time": "yes"}, {"pace_to_media_time": True, "pacing_lead_seconds": -1}, {"pace_to_media_time": True, "pacing_max_lag_seconds": 0}):
-        with pytest.raises(PacingError):
-            PacingSettings.from_extra_params(bad)
 
 
 def test_chunks_wait_for_their_media_time_minus_the_lead():

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from deployments.generation.interactions import CameraCommand, Interaction
+from deployments.contract.events import CameraCommand, Interaction
+from deployments.contract.session_spec import PacingSettings
 from deployments.protocol.errors import (
     CONTROL_MESSAGE_MAX_BYTES,
     STALL_TIMEOUT_S,
@@ -27,6 +28,7 @@ from deployments.protocol.errors import (
     start_timeout,
 )
 from deployments.protocol.video import (
+    ACTION_SCRIPT_EVENT_ID,
     GenerationDefaults,
     InteractionMessage,
     PingMessage,
@@ -38,6 +40,7 @@ from deployments.protocol.video import (
     interaction_queued,
     new_request_id,
     parse_control_message,
+    parse_pacing,
     parse_session_start,
     pong,
     resolve_generation,
@@ -332,7 +335,6 @@ def test_num_frames_round_up_to_whole_blocks_and_the_echo_shows_it(num_frames, u
     resolved = resolve(num_frames=num_frames)
     assert (resolved.num_frames, resolved.num_blocks) == (used, blocks)
     assert resolved.config["num_frames"] == used
-    assert resolved.echo_config is resolved.config
     assert DEFAULTS.frames_for_blocks(blocks) == used
 
 
@@ -390,11 +392,30 @@ def test_accepted_and_echoed_but_unused():
     assert resolve_generation(parse_session_start(start(guidance_scale=5)), GenerationDefaults(64, 48, max_guidance_scale=20)).fps == 24
 
 
-def test_resolved_start_makes_the_engine_session_config():
-    pytest.importorskip("torch")
-    resolved = resolve(seed=5, size="32x16", num_inference_steps=2)
-    config = resolved.session_config()
-    assert (config.prompt, config.width, config.height, config.seed, config.num_inference_steps) == ("a forest", 32, 16, 5, 2)
+def test_a_start_resolves_to_the_spec_the_engine_and_replica_run():
+    spec = resolve(seed=5, size="32x16", num_inference_steps=2, extra_params={"pace_to_media_time": True, "pacing_lead_seconds": 0.5})
+    assert (spec.prompt, spec.width, spec.height, spec.seed, spec.num_inference_steps) == ("a forest", 32, 16, 5, 2)
+    assert spec.pacing == PacingSettings(0.5, 5.0) and resolve().pacing is None
+    assert spec.session_id != resolve().session_id  # each resolved start is a fresh session
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"pace_to_media_time": "yes"}, "extra_params.pace_to_media_time must be true or false"),
+        ({"pace_to_media_time": True, "pacing_lead_seconds": -1}, "extra_params.pacing_lead_seconds must be a finite number >= 0"),
+        ({"pace_to_media_time": True, "pacing_max_lag_seconds": 0}, "extra_params.pacing_max_lag_seconds must be a finite number > 0, or null"),
+    ],
+)
+def test_bad_pacing_settings_are_refused_by_name(extra, named):
+    err = resolve_error(extra_params=extra)
+    assert named in err.message and err.message.startswith("Invalid session.start: ")
+
+
+def test_pacing_settings_parse_with_their_defaults():
+    assert parse_pacing({}) is None and parse_pacing({"pace_to_media_time": False}) is None
+    assert parse_pacing({"pace_to_media_time": True}) == PacingSettings(0.0, 5.0)
+    assert parse_pacing({"pace_to_media_time": True, "pacing_lead_seconds": 0.5, "pacing_max_lag_seconds": None}) == PacingSettings(0.5, None)
 
 
 # =====================================================================================
@@ -604,7 +625,9 @@ def test_camera_interaction_converts_to_a_camera_command():
     assert message.interaction == Interaction(
         "c1", camera=CameraCommand("target", (1.0, 0.5, -2.0), (0.0, 0.7071, 0.0, 0.7071)), transition_chunks=3
     )
-    assert message.interaction.camera.pose().rotation[3] == pytest.approx(2**-0.5, abs=1e-4)
+    from deployments.generation.interactions import camera_pose
+
+    assert camera_pose(message.interaction.camera).rotation[3] == pytest.approx(2**-0.5, abs=1e-4)
 
 
 def test_camera_parts_default_to_identity():
@@ -706,13 +729,10 @@ def test_codec_options_outside_the_allow_list_are_refused_by_name(options, named
 
 
 def test_a_camera_action_script_plays_from_block_zero():
-    from deployments.world_model.requests import ACTION_SCRIPT_EVENT_ID, session_request
-
     script = [[["w"], ["w"], []], [["l"], ["l"], ["l"]]]
-    resolved = resolve_generation(parse_session_start(start(num_frames=33, extra_params={"camera_action_script": script})), DEFAULTS)
-    assert resolved.action_script == (("w",), ("w",), (), ("l",), ("l",), ("l",))
-    [interaction] = session_request(resolved).interactions  # submitted before block 0 starts
-    assert interaction.event_id == ACTION_SCRIPT_EVENT_ID and interaction.actions == resolved.action_script
+    spec = resolve_generation(parse_session_start(start(num_frames=33, extra_params={"camera_action_script": script})), DEFAULTS)
+    [interaction] = spec.interactions  # submitted before block 0 starts
+    assert interaction.event_id == ACTION_SCRIPT_EVENT_ID and interaction.actions == (("w",), ("w",), (), ("l",), ("l",), ("l",))
 
 
 @pytest.mark.parametrize(

@@ -41,11 +41,11 @@ def png(width=8, height=8) -> bytes:
 def test_openai_fields_and_defaults():
     made = create({"prompt": "a lighthouse", "model": "world-model", "size": "96x64", "seconds": "1"})
     assert (made.model, made.seconds, made.size) == ("world-model", "1", "96x64")
-    assert (made.resolved.width, made.resolved.height, made.resolved.num_frames) == (96, 64, 21)  # 16 frames -> 2 blocks
+    assert (made.spec.width, made.spec.height, made.spec.num_frames) == (96, 64, 21)  # 16 frames -> 2 blocks
     default = create({"prompt": "a lighthouse"})
-    assert (default.model, default.seconds, default.size, default.resolved.num_frames) == ("world-model", "4", "64x64", 69)
+    assert (default.model, default.seconds, default.size, default.spec.num_frames) == ("world-model", "4", "64x64", 69)
     ours = create({"prompt": "x", "num_frames": 9, "fps": 8, "seed": 3})
-    assert (ours.seconds, ours.resolved.seed, ours.resolved.num_blocks) == ("1.125", 3, 1)
+    assert (ours.seconds, ours.spec.seed, ours.spec.num_blocks) == ("1.125", 3, 1)
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def test_input_reference_as_data_url_object_or_upload():
     url = image_data_url(png(), "application/octet-stream")  # the bytes say PNG
     assert url.startswith("data:image/png;base64,")
     for reference in (url, {"image_url": url}):
-        assert create({"prompt": "x", "input_reference": reference}, I2V).resolved.image.shape == (8, 8, 3)
+        assert create({"prompt": "x", "input_reference": reference}, I2V).spec.image.shape == (8, 8, 3)
     error = refused({"prompt": "x"}, defaults=I2V)
     assert error.param == "image_reference" and "needs a start image" in error.message
     error = refused({"prompt": "x", "input_reference": "data:image/png;base64,AAAA"}, defaults=I2V)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import app_args, deployed
 
-from deployments.world_model.messages import SessionRequest
+from deployments.contract.session_spec import SessionSpec
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,8 +29,8 @@ def handle(serve_address, world_model_dir):
         yield serve.get_deployment_handle("WorldModel", app_name=APP)
 
 
-def request(seed: int, prompt: str) -> SessionRequest:
-    return SessionRequest(session_id=uuid.uuid4().hex, prompt=prompt, height=64, width=96, fps=16, seed=seed)
+def request(seed: int, prompt: str) -> SessionSpec:
+    return SessionSpec(session_id=uuid.uuid4().hex, prompt=prompt, height=64, width=96, fps=16, seed=seed)
 
 
 PROMPTS = ["a canyon at noon", "a harbour at dusk", "a forest in fog", "a desert road"]

@@ -34,9 +34,9 @@ def handle(app):
 
 
 def latents(app, seed, blocks=3):
-    from deployments.world_model.messages import SessionRequest
+    from deployments.contract.session_spec import SessionSpec
 
-    request = SessionRequest(session_id=uuid.uuid4().hex, prompt="a canyon at noon", height=64, width=96, fps=16, seed=seed)
+    request = SessionSpec(session_id=uuid.uuid4().hex, prompt="a canyon at noon", height=64, width=96, fps=16, seed=seed)
     return handle(app).rollout_latents.remote(request, blocks).result(timeout_s=120)
 
 

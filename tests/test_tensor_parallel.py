@@ -13,11 +13,11 @@ import torch.multiprocessing as mp
 
 from deployments.generation.engine import WorldModelEngine
 from deployments.generation.geometry import CheckpointError
-from deployments.generation.interactions import Interaction
-from deployments.generation.session import SessionConfig
+from deployments.contract.events import Interaction
+from deployments.contract.session_spec import SessionSpec
 
 WORLD = 2
-CONFIG = SessionConfig(prompt="a red fox in snow", height=64, width=96, seed=7)
+CONFIG = SessionSpec(prompt="a red fox in snow", height=64, width=96, seed=7)
 # Before block k: keyboard actions from block 1 on, a hard prompt switch at block 2.
 EVENTS = {
     1: [Interaction("k", actions=(("w",), ("w", "l"), ("l",)))],

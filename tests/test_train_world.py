@@ -72,7 +72,7 @@ def test_exported_weights_install_exactly_and_serve(smoke_run, tmp_path) -> None
     from safetensors.torch import load_file
 
     from deployments.generation.engine import WorldModelEngine
-    from deployments.generation.session import SessionConfig
+    from deployments.contract.session_spec import SessionSpec
     from deployments.models.builtin_world_model import install_builtin_world_models
 
     dirs = install_builtin_world_models(tmp_path, smoke_run / "weights")
@@ -84,7 +84,7 @@ def test_exported_weights_install_exactly_and_serve(smoke_run, tmp_path) -> None
             assert torch.equal(tensor.float(), installed[key].float()), (name, key)
     for name, image in (("world-model", None), ("world-model-i2v", np.zeros((64, 64, 3), np.uint8))):
         engine = WorldModelEngine.from_pretrained(dirs[name])
-        session = engine.open_session(SessionConfig(prompt="a snowy field", height=64, width=64, seed=0, image=image))
+        session = engine.open_session(SessionSpec(prompt="a snowy field", height=64, width=64, seed=0, image=image))
         assert engine.generate_block(session).frames.shape == (9, 64, 64, 3)
 
 
@@ -148,13 +148,13 @@ def test_teacher_forcing_predicts_what_the_engine_predicts(tmp_path) -> None:
     from deployments.generation.camera import Pose
     from deployments.generation.checkpoint import load_world_model
     from deployments.generation.engine import WorldModelEngine
-    from deployments.generation.session import SessionConfig
+    from deployments.contract.session_spec import SessionSpec
     from deployments.models.tiny_world_model import WorldModelSpec, make_world_model
     from deployments.training.transformer_training import Sample, TeacherForcing, TransformerTraining
 
     path = make_world_model(tmp_path / "last-frame", WorldModelSpec(last_frame_condition=True))
     engine = WorldModelEngine.from_pretrained(path)
-    session = engine.open_session(SessionConfig(prompt="a sandy desert", height=64, width=64, seed=3))
+    session = engine.open_session(SessionSpec(prompt="a sandy desert", height=64, width=64, seed=3))
     first = engine.generate_block(session)
     z = engine.vae.config.z_dim
     seen: dict = {}

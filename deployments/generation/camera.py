@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from deployments.protocol.keys import KEYS
+from deployments.contract.keys import KEYS
 
 IDENTITY_ROTATION = (0.0, 0.0, 0.0, 1.0)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from deployments.contract.session_spec import SessionSpec
 from deployments.generation.attention import (
     CacheBinding,
     ForwardState,
@@ -35,12 +36,7 @@ from deployments.generation.interactions import Director
 from deployments.generation.kv_cache import KVLayout, RollingKVCache
 from deployments.generation.rope import OffsetRope
 from deployments.generation.schedule import denoising_sigmas
-from deployments.generation.session import (
-    BlockMetadata,
-    GeneratedBlock,
-    SessionConfig,
-    WorldSession,
-)
+from deployments.generation.session import BlockMetadata, GeneratedBlock, WorldSession
 from deployments.generation.tensor_parallel import TensorParallel
 from deployments.generation.text import PromptEncoder
 from deployments.generation.vae_stream import (
@@ -137,7 +133,7 @@ class WorldModelEngine:
             head_dim=config.attention_head_dim,
         )
 
-    def open_session(self, config: SessionConfig, session_id: str | None = None) -> WorldSession:
+    def open_session(self, config: SessionSpec, session_id: str | None = None) -> WorldSession:
         if not isinstance(config.prompt, str) or not config.prompt.strip():
             raise ValueError("prompt must be a non-blank string")
         self.geometry.check_size(config.height, config.width)

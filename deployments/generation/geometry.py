@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployments.protocol.timeline import frames_for_blocks, frames_in_block
+from deployments.contract.timeline import frames_for_blocks, frames_in_block
 
 AR_KEYS = ("num_frames_per_block", "sink_size", "sliding_window_num_frames")
 VAE_KEYS = ("scale_factor_temporal", "scale_factor_spatial")

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
-from deployments.generation.camera import KEYS, KeyMotion, Pose, quat_normalize
+from deployments.contract.events import CameraCommand, Interaction
+from deployments.contract.keys import KEYS
+from deployments.generation.camera import KeyMotion, Pose, quat_normalize
 
 
 class InteractionRefused(ValueError):
@@ -32,23 +33,9 @@ class EventIdConflict(InteractionRefused):
     """The event id was already used in this session."""
 
 
-@dataclass(frozen=True)
-class CameraCommand:
-    mode: Literal["velocity", "target"]
-    translation: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    rotation: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 1.0)
-
-    def pose(self) -> Pose:
-        return Pose(tuple(map(float, self.translation)), tuple(quat_normalize(np.array(self.rotation, dtype=float)).tolist()))
-
-
-@dataclass(frozen=True)
-class Interaction:
-    event_id: str
-    prompt: str | None = None
-    camera: CameraCommand | None = None
-    actions: tuple[tuple[str, ...], ...] | None = None
-    transition_chunks: int = 0
+def camera_pose(command: CameraCommand) -> Pose:
+    """The pose a camera command names (its rotation normalized)."""
+    return Pose(tuple(map(float, command.translation)), tuple(quat_normalize(np.array(command.rotation, dtype=float)).tolist()))
 
 
 @dataclass(frozen=True)
@@ -110,7 +97,7 @@ def check_interaction(event: Interaction, accepts_camera: bool) -> None:
         if event.camera.mode not in ("velocity", "target"):
             raise InteractionRefused(f"camera mode must be 'velocity' or 'target', got {event.camera.mode!r}")
         try:
-            event.camera.pose()
+            camera_pose(event.camera)
         except (ValueError, TypeError) as exc:
             raise InteractionRefused(f"camera pose is invalid: {exc}") from None
     if event.actions is not None:
@@ -201,7 +188,7 @@ class Director:
                 if self._camera is not None:
                     finish(self._camera.event_id, "camera")
                 parts.add("camera")
-                pose = event.camera.pose()
+                pose = camera_pose(event.camera)
                 if event.camera.mode == "velocity":
                     self._camera = _Velocity(event.event_id, pose)
                 else:

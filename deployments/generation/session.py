@@ -7,22 +7,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from deployments.generation.interactions import Director, Interaction
+from deployments.contract.events import Interaction
+from deployments.contract.session_spec import SessionSpec
+from deployments.generation.interactions import Director
 from deployments.generation.kv_cache import RollingKVCache
 from deployments.generation.vae_stream import StreamingDecoder
-
-
-@dataclass(frozen=True)
-class SessionConfig:
-    """What a client asks of one rollout; None means the model's default."""
-
-    prompt: str
-    height: int
-    width: int
-    seed: int | None = None
-    image: np.ndarray | None = None  # uint8 (H, W, 3), any size: fitted to height x width
-    num_inference_steps: int | None = None
-    flow_shift: float | None = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +52,7 @@ class GeneratedBlock:
 @dataclass
 class WorldSession:
     session_id: str
-    config: SessionConfig
+    config: SessionSpec
     seed: int
     sigmas: list[float]
     director: Director

@@ -16,6 +16,7 @@ from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
+from deployments.contract.session_spec import SessionSpec
 from deployments.generation.interactions import InteractionRefused, check_interaction
 from deployments.ingress.image_fetch import FetchPolicy, fetch_image, is_remote_url
 from deployments.ingress.readiness import ModelNotReady
@@ -32,8 +33,7 @@ from deployments.world_model.messages import (
     Stop,
     Trailer,
 )
-from deployments.world_model.pacing import PacingError, PacingSettings
-from deployments.world_model.requests import generation_defaults, session_request
+from deployments.world_model.requests import generation_defaults
 
 
 class VideoSession(WebSocketSession):
@@ -69,20 +69,15 @@ class VideoSession(WebSocketSession):
             video.check_model(start, [self.config.model_name])
             self.model_info = await self._model_info()
             remote_image = await self._fetch_start_image(start)
-            resolved = video.resolve_generation(start, self._defaults(), remote_image)
-            pacing = PacingSettings.from_extra_params(resolved.extra_params)
+            spec = video.resolve_generation(start, self._defaults(), remote_image)
         except ProtocolError as exc:
             await self.fail(exc)
             return
         except ModelNotReady as exc:
             await self.fail(errors.model_not_ready(exc.waited_s, self.config.retry_after_s))
             return
-        except PacingError as exc:
-            await self.fail(ProtocolError(f"Invalid session.start: {exc}", errors.INVALID_REQUEST, close_code=errors.CLOSE_POLICY))
-            return
 
-        request = session_request(resolved, pacing)
-        first = await self.open_stream(self.world, "run_session", request, SessionAccepted, self.config.retry_after_s)
+        first = await self.open_stream(self.world, "run_session", spec, SessionAccepted, self.config.retry_after_s)
         if not isinstance(first, SessionAccepted):
             await self.fail(self.refusal_error(first, self.config.retry_after_s, "Invalid session.start: "))
             return
@@ -91,11 +86,11 @@ class VideoSession(WebSocketSession):
         await self.send_json(
             video.video_start(
                 self.request_id,
-                resolved.echo_config,
+                spec.config,
                 replica_id=first.replica_id,
                 session_id=first.session_id,
                 seed=first.seed,
-                generation=self._generation_info(resolved),
+                generation=self._generation_info(spec),
             )
         )
         self._last_progress = time.monotonic()
@@ -110,15 +105,15 @@ class VideoSession(WebSocketSession):
     def _defaults(self) -> video.GenerationDefaults:
         return generation_defaults(self.config, self.model_info)
 
-    def _generation_info(self, resolved: "video.ResolvedStart") -> dict:
+    def _generation_info(self, spec: SessionSpec) -> dict:
         """What the session runs with, defaults included (additive to the contract): clients need the geometry."""
         info = self.model_info
         return {
-            "width": resolved.width,
-            "height": resolved.height,
-            "fps": resolved.fps,
-            "num_frames": resolved.num_frames,
-            "num_blocks": resolved.num_blocks,
+            "width": spec.width,
+            "height": spec.height,
+            "fps": spec.fps,
+            "num_frames": spec.num_frames,
+            "num_blocks": spec.num_blocks,
             "frames_per_block": info["frames_per_block"],
             "scale_factor_temporal": info["temporal_factor"],
             "pipeline_depth": info["pipeline_depth"],

@@ -36,7 +36,7 @@ from deployments.protocol import videos
 from deployments.protocol.errors import MESSAGE_TOO_LARGE, START_MESSAGE_MAX_BYTES, ProtocolError
 from deployments.protocol.jsonwire import loads, short
 from deployments.protocol.videos import ApiError
-from deployments.world_model.requests import generation_defaults, session_request
+from deployments.world_model.requests import generation_defaults
 
 logger = logging.getLogger("ray.serve")
 
@@ -96,8 +96,8 @@ class VideosApi:
             info["accepts_camera"],
             remote_image,
         )
-        resolved = create.resolved
-        return JobSpec(session_request(resolved), create.model, create.seconds, create.size, resolved.num_frames, create.actions)
+        spec = create.spec
+        return JobSpec(spec, create.model, create.seconds, create.size, spec.num_frames, create.actions)
 
     async def content(self, video_id: str, variant: str = VIDEO.name, headers: dict | None = None) -> StreamingResponse:
         size = await self.ask("content_size", video_id, variant)

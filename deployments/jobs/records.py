@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from deployments.generation.interactions import Interaction
-from deployments.world_model.messages import SessionRequest
+from deployments.contract.events import Interaction
+from deployments.contract.session_spec import SessionSpec
 
 QUEUED = "queued"
 IN_PROGRESS = "in_progress"
@@ -35,7 +35,7 @@ def new_job_id() -> str:
 class JobSpec:
     """A validated job: the session a replica runs, plus what the job object reports about it."""
 
-    request: SessionRequest
+    request: SessionSpec
     model: str
     seconds: str
     size: str
@@ -47,7 +47,7 @@ class JobSpec:
     def num_blocks(self) -> int:
         return self.request.num_blocks or 1
 
-    def session_request(self) -> SessionRequest:
+    def session_spec(self) -> SessionSpec:
         """The session a replica runs; the action script is submitted before block 0, so it plays from the
         first frame and the same job renders the same video every time (a remix of it too)."""
         if not self.actions:
@@ -90,8 +90,7 @@ class Recipe:
 
     def remix(self, source: JobRecord, prompt: str, image: np.ndarray | None) -> JobSpec:
         """The source job again with another prompt: same seed, size, length, steps, actions and start image."""
-        request = SessionRequest(
-            session_id=uuid.uuid4().hex,
+        request = SessionSpec(  # a fresh session id
             prompt=prompt,
             height=self.height,
             width=self.width,

@@ -95,7 +95,7 @@ class SessionRunner:
     async def _open(self, spec: JobSpec):
         async with self._turn:
             wait = FIRST_WAIT_S
-            request = spec.session_request()
+            request = spec.session_spec()
             while True:
                 opened = await open_session(self.world, "run_session", request, SessionAccepted)
                 if opened.stream is not None:

@@ -18,7 +18,7 @@ import io
 import math
 import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -31,8 +31,10 @@ from pydantic import (
     model_validator,
 )
 
-from deployments.generation.interactions import CameraCommand, Interaction
-from deployments.protocol import timeline
+from deployments.contract import timeline
+from deployments.contract.events import CameraCommand, Interaction
+from deployments.contract.keys import KEYS
+from deployments.contract.session_spec import PacingSettings, SessionSpec
 from deployments.protocol.errors import (
     CLOSE_POLICY,
     CLOSE_TOO_BIG,
@@ -46,24 +48,13 @@ from deployments.protocol.errors import (
     ProtocolError,
 )
 from deployments.protocol.jsonwire import byte_length, loads, short
-from deployments.protocol.keys import KEYS
 
 FORMAT = "m4s"
 IMAGE_MAX_PIXELS = 4096 * 4096  # a start image larger than this is refused before it is decoded
 EVENT_ID_MAX_CHARS = 256  # ids ride on every chunk's metadata
 CAMERA_TRANSLATION_LIMIT = 1e6
 _KEY_LIST = " ".join(sorted(KEYS))
-
-
-# =====================================================================================
-# Raw frames -> JSON
-# =====================================================================================
-
-
-
-
-
-
+ACTION_SCRIPT_EVENT_ID = "camera_action_script"  # how extra_params.camera_action_script's progress shows in chunk metadata
 
 
 # =====================================================================================
@@ -390,47 +381,7 @@ class GenerationDefaults:
         return timeline.blocks_for_frames(num_frames, self.frames_per_block, self.temporal_factor)
 
 
-@dataclass(frozen=True)
-class ResolvedStart:
-    """A session.start resolved against the server's defaults: what the session runs with."""
-
-    prompt: str
-    width: int
-    height: int
-    fps: int
-    seed: int | None  # None: the engine draws one
-    num_inference_steps: int | None  # None: the checkpoint's default
-    flow_shift: float | None
-    num_frames: int | None  # None: unbounded, run until stop
-    num_blocks: int | None
-    image: np.ndarray | None = field(default=None, repr=False, compare=False)  # uint8 (H, W, 3)
-    negative_prompt: str | None = None  # echoed; a guidance-free model does not use it
-    extra_params: dict = field(default_factory=dict)
-    config: dict = field(default_factory=dict)  # `video.start`'s config: set fields, num_frames as used
-    codec_options: tuple[tuple[str, str], ...] = ()  # extra_params.video_codec_options, checked
-    action_script: tuple[tuple[str, ...], ...] | None = None  # extra_params.camera_action_script, one key set per latent frame
-
-    @property
-    def echo_config(self) -> dict:
-        """Alias of `config`, the dict for `video.start`."""
-        return self.config
-
-    def session_config(self):
-        """The engine's `SessionConfig` (imported here: the engine module needs torch, the protocol does not)."""
-        from deployments.generation.session import SessionConfig
-
-        return SessionConfig(
-            prompt=self.prompt,
-            height=self.height,
-            width=self.width,
-            seed=self.seed,
-            image=self.image,
-            num_inference_steps=self.num_inference_steps,
-            flow_shift=self.flow_shift,
-        )
-
-
-def resolve_generation(request: SessionStartRequest, defaults: GenerationDefaults, remote_image: bytes | None = None) -> ResolvedStart:
+def resolve_generation(request: SessionStartRequest, defaults: GenerationDefaults, remote_image: bytes | None = None) -> SessionSpec:
     """Apply the defaults, check what the model can honour, round the length to whole blocks, decode the start image.
 
     An http(s) `image_reference` is fetched by the caller (which owns the network policy) and passed as `remote_image`.
@@ -478,9 +429,13 @@ def resolve_generation(request: SessionStartRequest, defaults: GenerationDefault
         problems.append("lora: per-request LoRA adapters are not supported by this server")
     extra = request.extra_params or {}
     codec_options: tuple[tuple[str, str], ...] = ()
-    action_script = None
+    action_script = pacing = None
     try:
         codec_options = parse_codec_options(extra.get("video_codec_options"))
+    except ValueError as exc:
+        problems.append(f"extra_params.{exc}")
+    try:
+        pacing = parse_pacing(extra)
     except ValueError as exc:
         problems.append(f"extra_params.{exc}")
     if extra.get("camera_action_script") is not None:
@@ -513,7 +468,7 @@ def resolve_generation(request: SessionStartRequest, defaults: GenerationDefault
     config = request.echo_config()
     if "num_frames" in config:
         config["num_frames"] = num_frames
-    return ResolvedStart(
+    return SessionSpec(
         prompt=request.prompt,
         width=width,
         height=height,
@@ -524,12 +479,29 @@ def resolve_generation(request: SessionStartRequest, defaults: GenerationDefault
         num_frames=num_frames,
         num_blocks=num_blocks,
         image=image,
+        pacing=pacing,
         negative_prompt=request.negative_prompt,
-        extra_params=dict(extra),
         config=config,
         codec_options=codec_options,
-        action_script=action_script,
+        # Submitted before block 0, so the script plays from the first frame.
+        interactions=() if action_script is None else (Interaction(event_id=ACTION_SCRIPT_EVENT_ID, actions=action_script),),
     )
+
+
+def parse_pacing(extra: dict[str, Any]) -> PacingSettings | None:
+    """`extra_params.pace_to_media_time` and its two settings: None unless it is true; ValueError names a bad value."""
+    enabled = extra.get("pace_to_media_time", False)
+    if not isinstance(enabled, bool):
+        raise ValueError("pace_to_media_time must be true or false")
+    if not enabled:
+        return None
+    lead = extra.get("pacing_lead_seconds", 0.0)
+    if isinstance(lead, bool) or not isinstance(lead, (int, float)) or not math.isfinite(lead) or lead < 0:
+        raise ValueError("pacing_lead_seconds must be a finite number >= 0")
+    lag = extra.get("pacing_max_lag_seconds", 5.0)
+    if lag is not None and (isinstance(lag, bool) or not isinstance(lag, (int, float)) or not math.isfinite(lag) or lag <= 0):
+        raise ValueError("pacing_max_lag_seconds must be a finite number > 0, or null")
+    return PacingSettings(float(lead), None if lag is None else float(lag))
 
 
 def decode_image_data_url(url: str, max_pixels: int = IMAGE_MAX_PIXELS) -> np.ndarray:

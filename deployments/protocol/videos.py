@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
+from deployments.contract.session_spec import SessionSpec
 from deployments.protocol import video
 from deployments.protocol.errors import (
     INVALID_REQUEST,
@@ -172,7 +173,7 @@ def image_data_url(data: bytes, content_type: str | None = None) -> str:
 class VideoCreate:
     """A validated create request: what the session runs, and what the job object reports."""
 
-    resolved: video.ResolvedStart
+    spec: SessionSpec
     model: str
     seconds: str
     size: str
@@ -227,7 +228,7 @@ def parse_video_create(
         actions = parse_action_script(script, defaults.frames_per_block, resolved.num_blocks)
     seconds = start.seconds if start.seconds is not None else f"{resolved.num_frames / resolved.fps:g}"
     return VideoCreate(
-        resolved=resolved,
+        spec=resolved,
         model=start.model or served_names[0],
         seconds=seconds,
         size=f"{resolved.width}x{resolved.height}",

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from deployments.generation.interactions import Interaction
-from deployments.generation.session import SessionConfig
-from deployments.protocol.timeline import frames_in_block
+from deployments.contract.events import Interaction
+from deployments.contract.session_spec import SessionSpec
+from deployments.contract.timeline import frames_in_block
 from deployments.training import measures
 from deployments.training.trajectories import render_session
 from deployments.training.world import biome_weights, render
@@ -33,7 +33,7 @@ def held(keys: tuple[str, ...], blocks: int, frames_per_block: int = 3, first: i
 
 def rollout(engine, prompt: str, per_block: list[list[Interaction]], *, seed: int = 0, image: np.ndarray | None = None, size: int = 64) -> list[np.ndarray]:
     """Frames of each block of a session that sends `per_block[k]` before block k."""
-    session = engine.open_session(SessionConfig(prompt=prompt, height=size, width=size, seed=seed, image=image))
+    session = engine.open_session(SessionSpec(prompt=prompt, height=size, width=size, seed=seed, image=image))
     try:
         out = []
         for events in per_block:

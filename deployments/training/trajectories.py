@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from deployments.generation.camera import Pose
-from deployments.generation.interactions import Director, Interaction
+from deployments.contract.events import Interaction
+from deployments.generation.interactions import Director
 from deployments.training.world import BIOMES, mix_weights, render
 
 # Key sets a player holds, with how often each is chosen.

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import ray
 
-from deployments.generation.interactions import Interaction
-from deployments.generation.session import GeneratedBlock, SessionConfig
+from deployments.contract.events import Interaction
+from deployments.contract.session_spec import SessionSpec
+from deployments.generation.session import GeneratedBlock
 
 logger = logging.getLogger("ray.serve")
 
@@ -64,7 +65,7 @@ class EngineSessions:
         footprint = measure_footprint(self.engine, height, width)
         return session_slots(footprint, cap, gpu_memory_fraction, self.engine.device), footprint
 
-    def open(self, config: SessionConfig, session_id: str) -> int:
+    def open(self, config: SessionSpec, session_id: str) -> int:
         self.sessions[session_id] = self.engine.open_session(config, session_id)
         return self.sessions[session_id].seed
 
@@ -118,7 +119,7 @@ class LocalEngineHost:
     def capacity(self, height: int, width: int, cap: int | None, gpu_memory_fraction: float):
         return self.local.capacity(height, width, cap, gpu_memory_fraction)
 
-    async def open(self, config: SessionConfig, session_id: str) -> int:
+    async def open(self, config: SessionSpec, session_id: str) -> int:
         return await asyncio.to_thread(self.local.open, config, session_id)
 
     async def submit(self, session_id: str, interaction: Interaction) -> None:
@@ -172,7 +173,7 @@ class RankWorker:
     def capacity(self, height: int, width: int, cap: int | None, gpu_memory_fraction: float):
         return self.local.capacity(height, width, cap, gpu_memory_fraction)
 
-    def open(self, config: SessionConfig, session_id: str) -> int:
+    def open(self, config: SessionSpec, session_id: str) -> int:
         return self.local.open(config, session_id)
 
     def submit(self, session_id: str, interaction: Interaction) -> None:
@@ -237,7 +238,7 @@ class TensorParallelHost:
         answers = ray.get([w.capacity.remote(height, width, cap, gpu_memory_fraction) for w in self.workers])
         return min(answers, key=lambda answer: answer[0])
 
-    async def open(self, config: SessionConfig, session_id: str) -> int:
+    async def open(self, config: SessionSpec, session_id: str) -> int:
         if config.seed is None:
             # Every rank must draw the same noise: settle the seed here, not on each rank.
             config = dataclasses.replace(config, seed=secrets.randbits(63))

@@ -1,35 +1,14 @@
-"""Typed messages between the ingress and a WorldModel replica (pickled by Ray, never on the wire)."""
+"""Typed messages between the ingress and a WorldModel replica (pickled by Ray, never on the wire).
+
+A session is opened with its `SessionSpec` (deployments/contract/session_spec.py); these are what flows after.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from deployments.generation.interactions import Interaction
-from deployments.world_model.pacing import PacingSettings
-
-
-@dataclass(frozen=True)
-class SessionRequest:
-    """A validated `session.start`, resolved against the server's defaults."""
-
-    session_id: str
-    prompt: str
-    height: int
-    width: int
-    fps: int
-    seed: int | None = None
-    num_blocks: int | None = None  # None: until stop, disconnect or the session length limit
-    num_inference_steps: int | None = None
-    flow_shift: float | None = None
-    image: np.ndarray | None = None
-    pacing: PacingSettings | None = None  # release chunks on the media timeline (extra_params.pace_to_media_time)
-    # Submitted before block 0 starts, so they always apply from the first frame (a video job's action script);
-    # interactions sent through the mailbox land on whichever block starts after they arrive.
-    interactions: tuple[Interaction, ...] = ()
-    codec_options: tuple[tuple[str, str], ...] = ()  # x264 options the session asked for (checked by the protocol)
+from deployments.contract.events import Interaction
 
 
 # -- replica -> ingress (items of the session stream) ---------------------------------

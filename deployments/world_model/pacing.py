@@ -5,42 +5,16 @@ seconds of video, and a key press lands on screen only after all of it.
 With it, chunk k leaves no earlier than its first frame's media time (minus
 `pacing_lead_seconds`), so the replica stays about one block ahead. When the
 generator falls more than `pacing_max_lag_seconds` behind, the clock is
-rebased instead of bursting to catch up (null: never rebase). A client's
+rebased instead of bursting to catch up (null: never rebase); the protocol
+parses the settings (`protocol.video.parse_pacing`). A client's
 `session.playback` reports re-anchor the clock to what it actually shows.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass
-from typing import Any
 
-
-class PacingError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class PacingSettings:
-    lead_seconds: float = 0.0
-    max_lag_seconds: float | None = 5.0
-
-    @classmethod
-    def from_extra_params(cls, extra: dict[str, Any]) -> "PacingSettings | None":
-        """None unless `pace_to_media_time` is true; raises PacingError naming a bad value."""
-        enabled = extra.get("pace_to_media_time", False)
-        if not isinstance(enabled, bool):
-            raise PacingError("extra_params.pace_to_media_time must be true or false")
-        if not enabled:
-            return None
-        lead = extra.get("pacing_lead_seconds", 0.0)
-        if isinstance(lead, bool) or not isinstance(lead, (int, float)) or not math.isfinite(lead) or lead < 0:
-            raise PacingError("extra_params.pacing_lead_seconds must be a finite number >= 0")
-        lag = extra.get("pacing_max_lag_seconds", 5.0)
-        if lag is not None and (isinstance(lag, bool) or not isinstance(lag, (int, float)) or not math.isfinite(lag) or lag <= 0):
-            raise PacingError("extra_params.pacing_max_lag_seconds must be a finite number > 0, or null")
-        return cls(float(lead), None if lag is None else float(lag))
+from deployments.contract.session_spec import PacingSettings
 
 
 class MediaClock:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import ray
 
 from deployments.config import AppConfig
+from deployments.contract.session_spec import SessionSpec
 from deployments.generation.interactions import InteractionRefused
-from deployments.generation.session import SessionConfig
 from deployments.observability.metrics import ReplicaMetrics
 from deployments.sessions.slots import SessionSlots
 from deployments.world_model.messages import (
@@ -30,7 +30,6 @@ from deployments.world_model.messages import (
     SessionAccepted,
     SessionEnded,
     SessionRefused,
-    SessionRequest,
     Stop,
     Trailer,
 )
@@ -111,13 +110,13 @@ class WorldModelServer:
             "batching": {"blocks": self.blocks.stats(), "decodes": self.decodes.stats()},
         }
 
-    async def rollout_latents(self, request: SessionRequest, blocks: int) -> list:
+    async def rollout_latents(self, request: SessionSpec, blocks: int) -> list:
         """Each block's clean latents for a session's first `blocks` blocks, through this replica's engine
         (every rank): for exactness checks between deployments (TP=2 against TP=1) and benchmarks."""
         if not self.slots.try_take(request.session_id):
             raise RuntimeError("no free session slot on this replica")
         try:
-            await self.host.open(_session_config(request), request.session_id)
+            await self.host.open(request, request.session_id)
             try:
                 return [(await self.blocks.submit(request.session_id)).latents for _ in range(blocks)]
             finally:
@@ -126,7 +125,7 @@ class WorldModelServer:
             self.slots.release(request.session_id)
 
     # -- one session -----------------------------------------------------------
-    async def _next_block(self, sid: str, request: SessionRequest, deadline: float, done: int, window: ClientWindow, sent_s: float) -> "_Step":
+    async def _next_block(self, sid: str, request: SessionSpec, deadline: float, done: int, window: ClientWindow, sent_s: float) -> "_Step":
         """Apply the mailbox at this boundary, then start the next block in a worker thread (or say why not).
 
         While the client is too far behind (flow.py), wait here for its playback reports instead.
@@ -182,7 +181,7 @@ class WorldModelServer:
         self.metrics.block(time.perf_counter() - began, block.metadata.num_frames)
         return block
 
-    async def run_session(self, request: SessionRequest) -> AsyncIterator[object]:
+    async def run_session(self, request: SessionSpec) -> AsyncIterator[object]:
         sid = request.session_id
         if not self.slots.try_take(sid):
             # Refuse at once so the ingress can try another replica; never queue a session.
@@ -195,7 +194,7 @@ class WorldModelServer:
         try:
             await self.mailbox.open.remote(sid, self.config.lease_timeout_s)
             try:
-                seed = await self.host.open(_session_config(request), sid)
+                seed = await self.host.open(request, sid)
                 opened = True
             except ValueError as exc:
                 self.metrics.session_start("invalid_request")
@@ -290,15 +289,3 @@ class _Step:
     failures: list[InteractionFailed]
     reason: str = "complete"
     playback: float | None = None  # the client's latest reported playback position
-
-
-def _session_config(request: SessionRequest) -> SessionConfig:
-    return SessionConfig(
-        prompt=request.prompt,
-        height=request.height,
-        width=request.width,
-        seed=request.seed,
-        image=request.image,
-        num_inference_steps=request.num_inference_steps,
-        flow_shift=request.flow_shift,
-    )
