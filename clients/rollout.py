@@ -19,7 +19,9 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 from clients.common import one_line as _one_line
@@ -131,6 +133,9 @@ class RolloutPlan:
     request_id: str | None = None  # default: "rollout-" + a fresh uuid
     device: str = "cpu"
     dtype: str = "float32"  # the transformer's and text encoder's; the VAE stays float32
+    tensor_parallel_size: int = 1  # ranks the transformer's heads are split over (one process each)
+    gpu_memory_fraction: float | None = None  # the share of each GPU this process may allocate (None: no cap)
+    enforce_eager: bool = False  # the seed's flag: no compiled or graph-captured forwards (this engine runs eagerly)
 
 
 def prepare_rollout(
@@ -147,6 +152,9 @@ def prepare_rollout(
     request_id: str | None = None,
     device: str | None = None,
     dtype: str | None = None,
+    tensor_parallel_size: int = 1,
+    gpu_memory_fraction: float | None = None,
+    enforce_eager: bool = False,
 ) -> RolloutPlan:
     """Check every input that can be checked without loading the model; raises RolloutInputError."""
     from deployments.generation.geometry import (
@@ -214,6 +222,7 @@ def prepare_rollout(
     if request_id is not None and (not isinstance(request_id, str) or not request_id.strip()):
         raise RolloutInputError("--request-id must be a non-blank string")
     device, dtype = _device_and_dtype(device, dtype)
+    _check_parallel(model_dir, device, tensor_parallel_size, gpu_memory_fraction)
     return RolloutPlan(
         model=model_dir,
         prompt=prompt,
@@ -230,6 +239,9 @@ def prepare_rollout(
         request_id=request_id,
         device=device,
         dtype=dtype,
+        tensor_parallel_size=tensor_parallel_size,
+        gpu_memory_fraction=gpu_memory_fraction,
+        enforce_eager=bool(enforce_eager),
     )
 
 
@@ -251,6 +263,31 @@ def _device_and_dtype(device: str | None, dtype: str | None) -> tuple[str, str]:
     if dtype not in DTYPE_NAMES:
         raise RolloutInputError(f"--dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
     return device, dtype
+
+
+def _check_parallel(model_dir: Path, device: str, size: int, fraction: float | None) -> None:
+    """--tensor-parallel-size and --gpu-memory-fraction, checked against the device and the transformer's config."""
+    import torch
+
+    from deployments.generation.geometry import CheckpointError
+    from deployments.generation.tensor_parallel import check_shardable
+
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise RolloutInputError(f"--tensor-parallel-size must be a positive integer, got {size!r}")
+    if size > 1:
+        if device.startswith("cuda:"):
+            raise RolloutInputError("--tensor-parallel-size over 1 places rank r on cuda:r: give --device cuda, not one GPU")
+        if device == "cuda" and size > torch.cuda.device_count():
+            raise RolloutInputError(f"--tensor-parallel-size {size} needs {size} GPUs; {torch.cuda.device_count()} are visible")
+        try:
+            check_shardable(json.loads((model_dir / "transformer" / "config.json").read_text()), size)
+        except (CheckpointError, OSError, ValueError) as exc:
+            raise RolloutInputError(_one_line(exc)) from None
+    if fraction is not None:
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+            raise RolloutInputError(f"--gpu-memory-fraction must be a number in (0, 1], got {fraction!r}")
+        if not device.startswith("cuda"):
+            raise RolloutInputError("--gpu-memory-fraction caps GPU memory: it needs --device cuda")
 
 
 # -- running -----------------------------------------------------------------------
@@ -290,35 +327,34 @@ def run_rollout(plan: RolloutPlan, log: Callable[[str], None] | None = None, eng
     just before block k is generated, so it applies at that block.
     Raises RolloutInputError for inputs only the loaded engine can refuse.
     """
+    log = log or (lambda line: None)
+    t_start = time.perf_counter()
+    followers = None
+    if engine is None:
+        followers = _Followers(plan)
+        try:
+            engine = load_engine(plan, rank=0, followers=followers)
+        except BaseException:
+            followers.stop(finished=False)
+            raise
+    finished = False
+    try:
+        summary = _lead(plan, engine, log, t_start)
+        finished = True
+        return summary
+    finally:
+        if followers is not None:
+            followers.stop(finished)
+
+
+def _lead(plan: RolloutPlan, engine, log: Callable[[str], None], t_start: float) -> dict:
+    """Rank 0's rollout: every block timed, saved and logged, then the summary."""
     import numpy as np
 
-    from deployments.generation.geometry import CheckpointError
-    from deployments.contract.events import Interaction
-    from deployments.generation.interactions import InteractionRefused
-    from deployments.contract.session_spec import SessionSpec
-
-    log = log or (lambda line: None)
-    geometry = plan.geometry
-    t_start = time.perf_counter()
-
-    if engine is None:
-        quiet_libraries()
-        from deployments.generation.engine import WorldModelEngine
-
-        try:
-            import torch
-
-            engine = WorldModelEngine.from_pretrained(plan.model, device=plan.device, dtype=getattr(torch, plan.dtype))
-        except (CheckpointError, ValueError, OSError) as exc:
-            raise RolloutInputError(f"cannot load model {plan.model}: {_one_line(exc)}") from None
     geometry = engine.geometry
     if plan.actions is not None and not engine.accepts_camera:
         raise RolloutInputError(f"model {plan.model} has no camera adapter: it takes no keyboard actions (drop --action-script)")
-    config = SessionSpec(prompt=plan.prompt, height=plan.height, width=plan.width, seed=plan.seed, image=plan.image)
-    try:
-        session = engine.open_session(config)
-    except ValueError as exc:
-        raise RolloutInputError(_one_line(exc)) from None
+    session = _open(engine, plan)
     t_ready = time.perf_counter()
     load_seconds = t_ready - t_start
 
@@ -326,14 +362,8 @@ def run_rollout(plan: RolloutPlan, log: Callable[[str], None] | None = None, eng
     chunks: list[dict] = []
     time_to_first_frame = None
     try:
-        for k in range(plan.num_blocks):
-            t0 = time.perf_counter()
-            if plan.actions is not None:
-                try:
-                    session.submit(Interaction(event_id=f"actions-{k:03d}", actions=plan.actions[k]))
-                except InteractionRefused as exc:
-                    raise RolloutInputError(f"action script block {k} refused: {_one_line(exc)}") from None
-            block = engine.generate_block(session)
+        t0 = time.perf_counter()
+        for k, block in _blocks(engine, session, plan):
             t1 = time.perf_counter()
             latency = t1 - t0
             if k == 0:
@@ -341,6 +371,7 @@ def run_rollout(plan: RolloutPlan, log: Callable[[str], None] | None = None, eng
             frames = np.ascontiguousarray(block.frames, dtype=np.uint8)
             chunks.append(save_chunk(plan.output_dir, k, frames, block.metadata.to_dict(), latency))
             log(chunk_line(k, latency, frames.shape[0], frames.shape[1:]))
+            t0 = time.perf_counter()
     finally:
         session.close()
     total = time.perf_counter() - t_start
@@ -361,6 +392,11 @@ def run_rollout(plan: RolloutPlan, log: Callable[[str], None] | None = None, eng
         "width": plan.width,
         "image": str(plan.image_path) if plan.image_path is not None else None,
         "action_script": str(plan.action_script) if plan.action_script is not None else None,
+        "device": plan.device,
+        "dtype": plan.dtype,
+        "tensor_parallel_size": plan.tensor_parallel_size,
+        "gpu_memory_fraction": plan.gpu_memory_fraction,
+        "enforce_eager": plan.enforce_eager,
         "chunks_delivered": len(chunks),
         "chunks_expected": plan.num_blocks,
         "frames_delivered": frames_delivered,
@@ -373,6 +409,99 @@ def run_rollout(plan: RolloutPlan, log: Callable[[str], None] | None = None, eng
     }
     (plan.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def load_engine(plan: RolloutPlan, rank: int = 0, followers: "_Followers | None" = None):
+    """The plan's engine on this rank (rank r of a tensor-parallel rollout sits on cuda:r, or the CPU with gloo)."""
+    import torch
+
+    from deployments.generation.engine import WorldModelEngine
+    from deployments.generation.geometry import CheckpointError
+
+    quiet_libraries()
+    device = plan.device
+    tp = None
+    if plan.tensor_parallel_size > 1:
+        from deployments.generation.tensor_parallel import TensorParallel
+
+        kind = "cuda" if device.startswith("cuda") else "cpu"
+        if kind == "cuda":
+            device = f"cuda:{rank}"
+            torch.cuda.set_device(device)
+        tp = TensorParallel.initialize(rank, plan.tensor_parallel_size, followers.init_method, device_type=kind, timeout=TP_TIMEOUT)
+    if plan.gpu_memory_fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(plan.gpu_memory_fraction, torch.device(device))
+    try:
+        return WorldModelEngine.from_pretrained(plan.model, device=device, dtype=getattr(torch, plan.dtype), tensor_parallel=tp)
+    except (CheckpointError, ValueError, OSError) as exc:
+        raise RolloutInputError(f"cannot load model {plan.model}: {_one_line(exc)}") from None
+
+
+def _open(engine, plan: RolloutPlan):
+    from deployments.contract.session_spec import SessionSpec
+
+    try:
+        return engine.open_session(SessionSpec(prompt=plan.prompt, height=plan.height, width=plan.width, seed=plan.seed, image=plan.image))
+    except ValueError as exc:
+        raise RolloutInputError(_one_line(exc)) from None
+
+
+def _blocks(engine, session, plan: RolloutPlan):
+    """(k, block) for each block; block k's actions are submitted just before it (every rank does the same)."""
+    from deployments.contract.events import Interaction
+    from deployments.generation.interactions import InteractionRefused
+
+    for k in range(plan.num_blocks):
+        if plan.actions is not None:
+            try:
+                session.submit(Interaction(event_id=f"actions-{k:03d}", actions=plan.actions[k]))
+            except InteractionRefused as exc:
+                raise RolloutInputError(f"action script block {k} refused: {_one_line(exc)}") from None
+        yield k, engine.generate_block(session)
+
+
+TP_TIMEOUT = timedelta(seconds=300)  # a rank that died leaves the others in a collective: give up after this
+
+
+class _Followers:
+    """Ranks 1..N-1 of a tensor-parallel rollout: processes that run the same session and write nothing."""
+
+    def __init__(self, plan: RolloutPlan) -> None:
+        import tempfile
+
+        import torch.multiprocessing as mp
+
+        self._dir = tempfile.TemporaryDirectory(prefix="rtv-rollout-tp-")
+        self.init_method = f"file://{self._dir.name}/store"
+        context = mp.get_context("spawn")
+        self.processes = [context.Process(target=_follow, args=(plan, rank, self.init_method), daemon=True)
+                          for rank in range(1, plan.tensor_parallel_size)]
+        for process in self.processes:
+            process.start()
+
+    def stop(self, finished: bool) -> None:
+        """Wait for the ranks to finish the session with rank 0 or, when rank 0 gave up, end them at once."""
+        for process in self.processes:
+            process.join(timeout=30 if finished else 0)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=5)
+        self._dir.cleanup()
+
+
+def _follow(plan: RolloutPlan, rank: int, init_method: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // plan.tensor_parallel_size))
+    engine = load_engine(plan, rank, followers=SimpleNamespace(init_method=init_method))
+    session = _open(engine, plan)
+    try:
+        for _ in _blocks(engine, session, plan):
+            pass
+    finally:
+        session.close()
+        dist.destroy_process_group()
 
 
 def save_chunk(out_dir: Path, k: int, frames: "np.ndarray", metadata: dict, latency: float, transport: dict | None = None) -> dict:
@@ -428,6 +557,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--request-id", metavar="ID", help="the id written into summary.json (default: rollout- and a fresh uuid)")
     parser.add_argument("--device", metavar="DEV", help="cpu, cuda or cuda:N (default: cuda when a GPU is visible, else cpu)")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, help="transformer and text-encoder dtype (default: bfloat16 on a GPU, float32 on the CPU)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                        help="split the transformer's heads over N ranks, one process each (rank r on cuda:r; gloo on the CPU); default: 1")
+    parser.add_argument("--gpu-memory-fraction", type=float, metavar="F", help="cap each rank's GPU memory at this share of the device (0 < F <= 1)")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="no compiled or graph-captured forwards (the seed's flag; this engine runs eagerly, so it is recorded only)")
     from clients.generate import add_rollout_url_argument  # argparse only
 
     add_rollout_url_argument(parser)
@@ -456,6 +590,9 @@ def main(args) -> int:
             request_id=args.request_id,
             device=args.device,
             dtype=args.dtype,
+            tensor_parallel_size=args.tensor_parallel_size,
+            gpu_memory_fraction=args.gpu_memory_fraction,
+            enforce_eager=args.enforce_eager,
         )
         summary = run_rollout(plan, log=lambda line: print(line, flush=True))
     except RolloutInputError as exc:

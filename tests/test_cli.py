@@ -207,6 +207,23 @@ def test_rollout_takes_the_seed_request_id_device_and_dtype(t2v_model: pathlib.P
     assert not np.array_equal(full, reduced)
 
 
+@pytest.mark.timeout(300)
+def test_rollout_over_two_tensor_parallel_ranks_makes_the_frames_of_one(t2v_model: pathlib.Path, inputs: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    def run(out, *extra):
+        argv = ["rollout", "--model", str(t2v_model), "--prompt", "a red room", "--action-script", str(inputs / "actions.json"),
+                "--output-dir", str(out), "--device", "cpu", *extra]
+        assert cli.main(argv) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        return summary, [np.load(out / f"chunk_{k:03d}.npy") for k in range(summary["chunks_delivered"])]
+
+    one, frames_one = run(tmp_path / "tp1")
+    two, frames_two = run(tmp_path / "tp2", "--tensor-parallel-size", "2", "--enforce-eager")
+    assert (two["tensor_parallel_size"], two["enforce_eager"], one["tensor_parallel_size"]) == (2, True, 1)
+    assert [c["metadata"] for c in two["chunks"]] == [c["metadata"] for c in one["chunks"]]  # the actions landed alike
+    for a, b in zip(frames_one, frames_two, strict=True):
+        assert a.shape == b.shape and np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 1
+
+
 def test_block_count_defaults(t2v_model: pathlib.Path, inputs: pathlib.Path, tmp_path: pathlib.Path) -> None:
     assert prepare_rollout(t2v_model, "x", tmp_path).num_blocks == 4
     assert prepare_rollout(t2v_model, "x", tmp_path, num_blocks=2).num_blocks == 2
@@ -253,6 +270,10 @@ BAD_INPUTS = {
     "actions-without-camera": (["--model", "{nocam}"], '[[["w"], [], []]]', "no camera adapter"),
     "unknown-device": (["--device", "tpu"], None, "--device must be cpu or cuda"),
     "blank-request-id": (["--request-id", " "], None, "--request-id must be a non-blank string"),
+    "tensor-parallel-zero": (["--tensor-parallel-size", "0"], None, "--tensor-parallel-size must be a positive integer"),
+    "heads-do-not-split": (["--tensor-parallel-size", "3"], None, "num_attention_heads=2"),
+    "memory-fraction-on-cpu": (["--device", "cpu", "--gpu-memory-fraction", "0.5"], None, "it needs --device cuda"),
+    "memory-fraction-above-one": (["--device", "cpu", "--gpu-memory-fraction", "1.5"], None, "--gpu-memory-fraction must be a number in (0, 1]"),
 }
 SUBPROCESS_CASES = ("invalid-json", "unknown-key", "height-not-multiple")
 
