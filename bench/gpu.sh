@@ -38,7 +38,7 @@ import importlib
 missing = []
 for name in ("torch", "numpy", "transformers", "tokenizers", "diffusers", "av", "ray", "ray.serve", "fastapi",
              "starlette", "uvicorn", "websockets", "pydantic", "psutil", "PIL", "safetensors",
-             "deployments.app", "deployments.generation.engine", "clients.stream_client", "bench.gpu_bench"):
+             "deployments.app", "deployments.generation.engine", "clients.sdk.video", "bench.gpu_bench"):
     try:
         module = importlib.import_module(name)
         print(f"  {name:32s} {getattr(module, '__version__', '')}  {getattr(module, '__file__', '')}")

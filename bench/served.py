@@ -116,7 +116,7 @@ class TimedSession:
 
 async def stream_timed(url: str, prompt: str, blocks: int, size: tuple[int, int], seed: int, fps: int, steps: int | None = None) -> TimedSession:
     """Run one session of `blocks` blocks to the end, timing each media chunk on arrival."""
-    from clients.stream_client import VideoChunk, VideoStart, stream_session
+    from clients.sdk.video import VideoChunk, VideoStart, stream_session
 
     extra = {"fps": fps} | ({"num_inference_steps": steps} if steps else {})
     timed = TimedSession(started_at=0.0)

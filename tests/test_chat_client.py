@@ -1,4 +1,4 @@
-"""`rtv chat`, `clients.chat_client` and `deployments.media.testclips`, without the real server.
+"""`rtv chat`, `clients.sdk.chat` and `deployments.media.testclips`, without the real server.
 
 The end-to-end tests run the client against `FakeChatServer`, a small stand-in
 for the server side of PROTOCOL.md section 2 on a real socket
@@ -25,20 +25,9 @@ import numpy as np
 import pytest
 
 from clients import cli
-from clients.chat import (
-    PcmTimeline,
-    decode_audio_pcm16,
-    iter_audio_pcm16,
-    iter_frames,
-    pick_frame_times,
-    probe_video,
-)
-from clients.chat_client import (
-    ChatInputError,
-    ChatStreamClient,
-    chat_url,
-    session_config_message,
-)
+from clients.media.video_file import PcmTimeline, decode_audio_pcm16, iter_audio_pcm16, iter_frames, pick_frame_times, probe_video
+from clients.sdk.chat import ChatStreamClient, chat_url, session_config_message
+from clients.sdk.errors import ClientInputError
 from deployments.media.testclips import make_test_clip
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -445,7 +434,7 @@ def test_cli_blank_query_and_missing_query(clips, capsys) -> None:
 @pytest.mark.timeout(60)
 def test_help_lists_chat_and_imports_nothing_heavy() -> None:
     code = (
-        "import sys; from clients import cli; cli.build_parser(); import clients.chat, clients.chat_client; "
+        "import sys; from clients import cli; cli.build_parser(); import clients.cli.chat, clients.sdk.chat, clients.media.video_file; "
         "print(sorted(m for m in ('torch', 'numpy', 'av', 'PIL', 'websockets') if m in sys.modules))"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -461,13 +450,13 @@ def test_messages_and_url() -> None:
     assert chat_url("ws://h:8000") == "ws://h:8000/v1/video/chat/stream"
     assert chat_url("http://h:8000/") == "ws://h:8000/v1/video/chat/stream"
     assert chat_url("wss://h/custom/path") == "wss://h/custom/path"
-    with pytest.raises(ChatInputError):
+    with pytest.raises(ClientInputError):
         chat_url("ftp://h")
     assert session_config_message() == {"type": "session.config"}
     assert session_config_message(num_sample_frames=4, evs_enabled=False, evs_threshold=0.9, system_prompt="be brief") == {
         "type": "session.config", "num_sample_frames": 4, "evs_enabled": False, "evs_threshold": 0.9, "system_prompt": "be brief",
     }
-    with pytest.raises(ChatInputError):
+    with pytest.raises(ClientInputError):
         session_config_message(max_frames=0)
 
 
@@ -659,9 +648,9 @@ def test_chat_stream_client_api(clips) -> None:
             stream = await client.query("What is moving?", timeout=10)
             deltas = [d async for d in stream]
             answer = await stream.wait()
-            with pytest.raises(ChatInputError):
+            with pytest.raises(ClientInputError):
                 await client.send_audio(b"\x00")
-            with pytest.raises(ChatInputError):
+            with pytest.raises(ClientInputError):
                 await client.query("   ")
             stats = await client.done(timeout=10)
         return client.result(), refused, bad, deltas, answer, stats

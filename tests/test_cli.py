@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from clients import cli
-from clients.rollout import (
+from clients.cli.rollout import (
     RolloutInputError,
     load_action_script,
     prepare_rollout,

@@ -1,4 +1,4 @@
-"""`clients.stream_client`, `rtv generate` and `rtv rollout --url` against a real Serve app on the tiny world model.
+"""`clients.sdk.video`, `rtv generate` and `rtv rollout --url` against a real Serve app on the tiny world model.
 
 One Ray instance and one app per module (the app is served at "/" on a free
 port). Sessions are short (3-4 blocks of 64x64 or 96x64) so the module runs in
@@ -26,11 +26,10 @@ import pytest
 from conftest import app_args
 
 from clients import cli
-from clients.generate import FRAME_COUNTING_RULE, Progress, parse_interact, split_blocks
-from clients.stream_client import (
-    SessionEndedError,
-    StreamInputError,
-    StreamProtocolError,
+from clients.cli.generate import Progress, parse_interact
+from clients.media.stream import FRAME_COUNTING_RULE, split_blocks
+from clients.sdk.errors import ClientInputError, ClientProtocolError, SessionEndedError
+from clients.sdk.video import (
     VideoChunk,
     VideoStart,
     VideoStreamClient,
@@ -321,6 +320,8 @@ def _bad_case(name: str, server: dict, tmp: pathlib.Path) -> tuple[list[str], st
         "rollout-unreachable": (["rollout", "--url", dead, "--prompt", "x", "--output-dir", str(tmp / "ro")], "cannot connect"),
         "rollout-bad-script": (["rollout", "--url", url, "--prompt", "x", "--action-script", str(bad_script), "--output-dir", str(tmp / "ro")], "unknown key"),
         "rollout-no-model-no-url": (["rollout", "--prompt", "x", "--output-dir", str(tmp / "ro")], "--model is required"),
+        "rollout-url-tensor-parallel": (["rollout", "--url", url, "--prompt", "x", "--tensor-parallel-size", "2", "--output-dir", str(tmp / "ro")],
+                                        "--tensor-parallel-size applies to an in-process rollout"),
     }
     return cases[name]
 
@@ -328,7 +329,7 @@ def _bad_case(name: str, server: dict, tmp: pathlib.Path) -> tuple[list[str], st
 BAD_CASES = [
     "missing-image", "unknown-key", "script-not-json", "interact-syntax", "interact-blank", "interact-past-end",
     "unreachable", "no-scheme", "server-refuses-size", "server-refuses-image",
-    "rollout-unreachable", "rollout-bad-script", "rollout-no-model-no-url",
+    "rollout-unreachable", "rollout-bad-script", "rollout-no-model-no-url", "rollout-url-tensor-parallel",
 ]
 
 
@@ -434,7 +435,7 @@ def test_client_refuses_binary_without_metadata() -> None:
         await ws.send(b"\x00" * 10)
 
     got = _fake_server_run(script)
-    assert isinstance(got, StreamProtocolError) and "without a video.chunk_metadata" in str(got)
+    assert isinstance(got, ClientProtocolError) and "without a video.chunk_metadata" in str(got)
 
 
 @pytest.mark.timeout(60)
@@ -444,7 +445,7 @@ def test_client_refuses_wrong_byte_length() -> None:
         await ws.send(b"\x00" * 10)
 
     got = _fake_server_run(script)
-    assert isinstance(got, StreamProtocolError) and "10 bytes" in str(got) and "byte_length 12" in str(got)
+    assert isinstance(got, ClientProtocolError) and "10 bytes" in str(got) and "byte_length 12" in str(got)
 
 
 @pytest.mark.timeout(60)
@@ -455,7 +456,7 @@ def test_client_refuses_text_between_metadata_and_binary() -> None:
         await ws.send(b"abcd")
 
     got = _fake_server_run(script)
-    assert isinstance(got, StreamProtocolError) and "instead of its binary frame" in str(got)
+    assert isinstance(got, ClientProtocolError) and "instead of its binary frame" in str(got)
 
 
 @pytest.mark.timeout(60)
@@ -480,24 +481,24 @@ def test_message_builders(tmp_path: pathlib.Path) -> None:
     assert video_url("ws://h:1") == "ws://h:1/v1/realtime/video"
     assert video_url("http://h:1/") == "ws://h:1/v1/realtime/video"
     assert video_url("wss://h/custom") == "wss://h/custom"
-    with pytest.raises(StreamInputError):
+    with pytest.raises(ClientInputError):
         video_url("ftp://h")
     start = session_start_message("p", blocks=3, seed=1, width=96, height=64, extra={"fps": 8})
     assert start == {"type": "session.start", "prompt": "p", "num_frames": 33, "seed": 1, "width": 96, "height": 64, "fps": 8}
-    with pytest.raises(StreamInputError, match="non-blank"):
+    with pytest.raises(ClientInputError, match="non-blank"):
         session_start_message("  ")
-    with pytest.raises(StreamInputError, match="does not exist"):
+    with pytest.raises(ClientInputError, match="does not exist"):
         session_start_message("p", image=tmp_path / "none.png")
     png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 8
     assert image_bytes_data_url(png).startswith("data:image/png;base64,")
     assert image_bytes_data_url(b"\xff\xd8\xff\xe0rest").startswith("data:image/jpeg;base64,")
-    with pytest.raises(StreamInputError, match="not a PNG or JPEG"):
+    with pytest.raises(ClientInputError, match="not a PNG or JPEG"):
         image_bytes_data_url(b"GIF89a")
     message = interaction_message(event_id="e", prompt="q", transition_chunks=2, actions=[["w"], []])
     assert message == {"type": "session.interaction", "interaction": {
         "event_id": "e", "event": {"prompt": "q", "multi_modal_data": {"actions": [["w"], []]}}, "transition_chunks": 2}}
     assert len(interaction_message(prompt="q")["interaction"]["event_id"]) == 32
-    with pytest.raises(StreamInputError, match="unknown key"):
+    with pytest.raises(ClientInputError, match="unknown key"):
         interaction_message(actions=[["x"]])
     assert parse_interact("3:a snowy forest").block == 3 and parse_interact("3: a: b ").prompt == "a: b"
 
@@ -511,7 +512,7 @@ def test_split_blocks_follows_the_hold_back_rule() -> None:
 
 @pytest.mark.timeout(60)
 def test_progress_line_in_place_on_a_tty_and_one_per_block_otherwise() -> None:
-    from clients.stream_client import ChunkMetadata, SessionResult
+    from clients.sdk.video import ChunkMetadata, SessionResult
 
     result = SessionResult(url="ws://x")
     result.chunks.append(VideoChunk(ChunkMetadata("r", "media", 9, 1, 0, 0, fragment_frames=8), b"x", 0.5, 0.5))

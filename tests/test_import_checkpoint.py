@@ -226,7 +226,7 @@ def _cache_with(tmp_path, repo_id, folder):
 def test_a_hub_id_resolves_through_the_cache_offline(world_model_dir, tmp_path, monkeypatch):
     import huggingface_hub.constants
 
-    from clients.rollout import prepare_rollout
+    from clients.cli.rollout import prepare_rollout
     from deployments.models.locate import locate_model
 
     cache, snapshot = _cache_with(tmp_path, "tiny-org/causal-tiny", world_model_dir)

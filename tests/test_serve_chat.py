@@ -302,3 +302,30 @@ def test_rtv_chat_plays_a_video_file_and_prints_the_streamed_answers(address, tm
     assert len(texts) == 2 and all(texts)
     assert all(text in out for text in texts)  # streamed to stdout as they arrived
     assert result["evs_stats"]["total_count"] == 8
+
+
+@pytest.mark.timeout(180)
+def test_the_readme_python_client_examples_run_against_the_server(address, tmp_path, monkeypatch):
+    """Both examples of the README's "Python client", as printed there, against this server."""
+    import contextlib
+    import io
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Python client", 1)[1].split("\n## ", 1)[0]
+    video_example, chat_example = re.findall(r"```python\n(.*?)```", section, re.S)
+    monkeypatch.chdir(tmp_path)
+    printed = {}
+    endpoints = {"video": f"ws://{address}{PREFIX}/v1/realtime/video", "chat": f"ws://{address}{PATH}"}  # this app sits under a prefix
+    for name, code in (("video", video_example), ("chat", chat_example)):
+        code = code.replace('"ws://127.0.0.1:8000"', f'"{endpoints[name]}"')
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, f"README {name} example", "exec"), {"__name__": "readme_example"})
+        printed[name] = out.getvalue()
+    assert re.findall(r"block (\d+) (\d+) frames", printed["video"]) == [("0", "9"), ("1", "12"), ("2", "12")]
+    mp4 = (tmp_path / "meadow.mp4").read_bytes()
+    assert mp4[4:8] == b"ftyp" and len(mp4) > 1000
+    answer, evs = printed["chat"].rsplit("\nEVS:", 1)
+    assert answer.strip() and "kept" in evs

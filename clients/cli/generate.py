@@ -14,7 +14,7 @@ last one); earlier blocks' right after `video.start`. The summary's
 
 `rtv rollout --url ws://HOST:PORT` drives the same kind of session against a
 server instead of in-process and writes what the offline rollout writes
-(chunk_NNN.npy, chunk_NNN.json, summary.json); see `remote_rollout_main`.
+(chunk_NNN.npy, chunk_NNN.json, summary.json); see `clients/cli/remote_rollout.py`.
 
 Bad input: one line on stderr, exit 2 (nothing is sent). A session that ends
 without `session.done` (an `error`, or the connection closing): exit 1.
@@ -24,27 +24,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
 import os
 import signal
 import sys
 import threading
-import time
-from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from clients.common import one_line as _one_line
-from clients.stream_client import (
-    ServerError,
-    SessionEndedError,
+from clients.media.stream import count_mp4_frames
+from clients.sdk.connection import one_line as _one_line
+from clients.sdk.errors import ClientConnectionError, ClientError, ClientInputError, ClientProtocolError, ServerError, SessionEndedError
+from clients.sdk.video import (
     SessionResult,
-    StreamClientError,
-    StreamConnectionError,
-    StreamInputError,
-    StreamProtocolError,
     VideoChunk,
     VideoStart,
     VideoStreamClient,
@@ -58,20 +51,11 @@ from deployments.contract.timeline import (
     TEMPORAL_FACTOR,
     blocks_for_frames,
     frames_for_blocks,
-    frames_in_block,
 )
 
 DEFAULT_BLOCKS = 4
 DEFAULT_OPEN_TIMEOUT = 10.0
 
-# How `rtv rollout --url` counts a block's frames from the stream (also written into summary.json).
-FRAME_COUNTING_RULE = (
-    "The concatenated fMP4 is demuxed once and every packet is decoded; each decoded frame is attributed to the binary "
-    "frame (transport chunk) holding its packet's bytes, giving D_j decoded frames for transport chunk j, checked "
-    "against that chunk's metadata fragment_frames (its num_frames counts the frames the block generated). The muxer writes a frame's fragment only when the next frame arrives, "
-    "so every block's last frame travels in the next binary frame (the next media chunk, or the trailer): block k "
-    "owns decoded frames [E_(k-1), E_k) with E_k = D_0 + ... + D_k + 1 (E_-1 = 0; the last block ends at the total)."
-)
 
 
 class GenerateInputError(ValueError):
@@ -120,7 +104,7 @@ def load_image_url(path: str | os.PathLike) -> str:
     """An image file as a data URL; raises GenerateInputError."""
     try:
         return image_data_url(path)
-    except StreamInputError as exc:
+    except ClientInputError as exc:
         raise GenerateInputError(str(exc)) from None
 
 
@@ -163,11 +147,11 @@ class GeneratePlan:
 
 def prepare_generate(args: argparse.Namespace) -> GeneratePlan:
     """Check every input before anything is sent; raises GenerateInputError."""
-    from clients.rollout import RolloutInputError, load_action_script
+    from clients.cli.rollout import RolloutInputError, load_action_script
 
     try:
         url = video_url(args.url)
-    except StreamInputError as exc:
+    except ClientInputError as exc:
         raise GenerateInputError(str(exc)) from None
     if not args.prompt.strip():
         raise GenerateInputError("--prompt must be a non-blank string")
@@ -244,7 +228,7 @@ def prepare_generate(args: argparse.Namespace) -> GeneratePlan:
             extra=extra,
         )
         schedule = build_schedule(actions, interacts, args.transition_chunks)
-    except StreamInputError as exc:
+    except ClientInputError as exc:
         raise GenerateInputError(str(exc)) from None
     return GeneratePlan(
         url=url,
@@ -374,8 +358,8 @@ async def drive_session(
 
     `check_start(video_start)` may return a one-line problem (e.g. the server's
     geometry disagrees with the action script): the session is then stopped and
-    SessionFailed raised. Raises StreamConnectionError / SessionEndedError /
-    StreamProtocolError / SessionFailed.
+    SessionFailed raised. Raises ClientConnectionError / SessionEndedError /
+    ClientProtocolError / SessionFailed.
     """
     client = VideoStreamClient(url, open_timeout=open_timeout)
     outcome = DriveOutcome(client.result())
@@ -475,17 +459,6 @@ def interaction_report(outcome: DriveOutcome) -> list[dict]:
 # =====================================================================================
 # rtv generate
 # =====================================================================================
-def count_mp4_frames(mp4: bytes) -> tuple[int, int, int]:
-    """(video packets, width, height) of an MP4, without decoding."""
-    import av
-
-    with av.open(io.BytesIO(mp4), "r") as container:
-        stream = container.streams.video[0]
-        width, height = stream.codec_context.width, stream.codec_context.height
-        count = sum(1 for p in container.demux(stream) if p.dts is not None)
-    return count, width, height
-
-
 def _write_atomic(path: Path, data: bytes) -> None:
     part = path.with_name(path.name + ".part")
     try:
@@ -616,7 +589,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         summary, code = run_generate(plan)
-    except (StreamConnectionError, SessionEndedError, StreamProtocolError, SessionFailed, StreamClientError) as exc:
+    except (ClientConnectionError, SessionEndedError, ClientProtocolError, SessionFailed, ClientError) as exc:
         print(f"rtv generate: error: {_one_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -647,263 +620,3 @@ def main(args: argparse.Namespace) -> int:
 # =====================================================================================
 # rtv rollout --url
 # =====================================================================================
-def add_rollout_url_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--url",
-        metavar="ws://HOST:PORT",
-        help="drive the session against this server instead of in-process (then --model is optional: "
-        "it is only read to check the inputs; the geometry comes from video.start, else 3 latent frames per block, temporal factor 4)",
-    )
-
-
-def decode_stream(chunks: list[VideoChunk]) -> tuple[list, list[int]]:
-    """Decode the concatenated fMP4 of `chunks`: (RGB uint8 frames in order, decoded frames per transport chunk)."""
-    import av
-
-    starts, pos = [], 0
-    for chunk in chunks:
-        starts.append(pos)
-        pos += len(chunk.data)
-    data = b"".join(c.data for c in chunks)
-    per_chunk = [0] * len(chunks)
-    frames = []
-    owners: list[int] = []  # transport chunk of each packet, in decode order
-    with av.open(io.BytesIO(data), "r", format="mp4") as container:
-        stream = container.streams.video[0]
-        for packet in container.demux(stream):
-            if packet.dts is not None:
-                owners.append(max(0, bisect_right(starts, packet.pos) - 1) if packet.pos is not None and packet.pos >= 0 else -1)
-            for frame in packet.decode():
-                frames.append(frame.to_ndarray(format="rgb24"))
-    # No B-frames: frames come out in packet order, one per packet.
-    for owner in owners[: len(frames)]:
-        if owner >= 0:
-            per_chunk[owner] += 1
-    return frames, per_chunk
-
-
-def split_blocks(frames: list, media_counts: list[int]) -> list[list]:
-    """Cut decoded frames into blocks by FRAME_COUNTING_RULE (`media_counts`: D_j of the media chunks, in order)."""
-    blocks, begin, total = [], 0, 0
-    for k, count in enumerate(media_counts):
-        total += count
-        end = min(len(frames), total + 1) if k < len(media_counts) - 1 else len(frames)
-        blocks.append(frames[begin:end])
-        begin = end
-    return blocks
-
-
-def _prepare_remote_rollout(args) -> tuple[dict, list[Scheduled], int, int, int, Any]:
-    """(session.start, schedule, blocks, frames_per_block, temporal_factor, offline plan or None); raises GenerateInputError."""
-    from clients.rollout import (
-        DEFAULT_NUM_BLOCKS,
-        RolloutInputError,
-        load_action_script,
-        prepare_rollout,
-    )
-
-    try:
-        video_url(args.url)
-    except StreamInputError as exc:
-        raise GenerateInputError(str(exc)) from None
-    fpb, tf = FRAMES_PER_BLOCK, TEMPORAL_FACTOR
-    plan = None
-    try:
-        if args.model is not None:
-            # The checkpoint is at hand: the offline checks apply (geometry, image, camera adapter).
-            plan = prepare_rollout(
-                args.model, args.prompt, args.output_dir, image=args.image, action_script=args.action_script,
-                num_blocks=args.num_blocks, height=args.height, width=args.width, seed=args.seed,
-            )
-            fpb, tf = plan.geometry.num_frames_per_block, plan.geometry.scale_factor_temporal
-            actions, blocks = plan.actions, plan.num_blocks
-        else:
-            if not args.prompt.strip():
-                raise RolloutInputError("prompt must be a non-blank string")
-            for name in ("height", "width"):
-                if getattr(args, name) < 1:
-                    raise RolloutInputError(f"{name} must be a positive integer, got {getattr(args, name)!r}")
-            if args.seed is not None and args.seed < 0:
-                raise RolloutInputError(f"seed must be a non-negative integer, got {args.seed!r}")
-            out = Path(args.output_dir)
-            if out.exists() and not out.is_dir():
-                raise RolloutInputError(f"output path {out} exists and is not a folder")
-            actions = load_action_script(args.action_script, fpb) if args.action_script is not None else None
-            if args.num_blocks is not None and args.num_blocks < 1:
-                raise RolloutInputError(f"--num-blocks must be a positive integer, got {args.num_blocks!r}")
-            if actions is not None and args.num_blocks is not None and args.num_blocks != len(actions):
-                raise RolloutInputError(
-                    f"--num-blocks {args.num_blocks} disagrees with the action script, which has {len(actions)} blocks (give one or make them match)"
-                )
-            blocks = len(actions) if actions is not None else (args.num_blocks or DEFAULT_NUM_BLOCKS)
-    except RolloutInputError as exc:
-        raise GenerateInputError(str(exc)) from None
-    image_url = load_image_url(args.image) if args.image else None
-    start = session_start_message(
-        args.prompt,
-        image_reference_url=image_url,
-        num_frames=frames_for_blocks(blocks, fpb, tf),
-        seed=args.seed,
-        width=args.width,
-        height=args.height,
-    )
-    return start, build_schedule(actions, [], None), blocks, fpb, tf, plan
-
-
-def remote_rollout_main(args) -> int:
-    """`rtv rollout --url`: the rollout against a server; same files and summary fields as in-process.
-
-    Blocks' frames are decoded from the stream with PyAV and counted by FRAME_COUNTING_RULE.
-    """
-    import numpy as np
-
-    from clients.rollout import chunk_line, save_chunk
-
-    name = "rtv rollout"
-    try:
-        start_message, schedule, blocks, fpb, tf, _ = _prepare_remote_rollout(args)
-    except (GenerateInputError, StreamInputError) as exc:
-        print(f"{name}: error: {_one_line(exc)}", file=sys.stderr)
-        return 2
-    out = Path(args.output_dir)
-    t_start = time.perf_counter()
-
-    def check_start(start: VideoStart) -> str | None:
-        if start.geometry_from_server and (start.frames_per_block, start.temporal_factor) != (fpb, tf) and args.action_script:
-            return (
-                f"the server's model has {start.frames_per_block} latent frames per block, "
-                f"but the action script was checked for {fpb}"
-            )
-        return None
-
-    def on_chunk(result: SessionResult, chunk: VideoChunk) -> None:
-        if chunk.kind == "media":
-            shape = (args.height, args.width, 3)
-            print(chunk_line(chunk.generation_chunk_index, chunk.latency_seconds, chunk.num_frames, shape), flush=True)
-
-    try:
-        outcome = asyncio.run(
-            drive_session(
-                video_url(args.url),
-                start_message,
-                schedule,
-                check_start=check_start,
-                on_chunk=on_chunk,
-                on_error=lambda error: print(f"{name}: server error: {error}", file=sys.stderr, flush=True),
-                on_note=lambda text: print(f"{name}: {text}", file=sys.stderr, flush=True),
-            )
-        )
-    except SessionEndedError as exc:
-        # The server refused the session.start: for a rollout that is bad input the server found.
-        print(f"{name}: error: {_one_line(exc)}", file=sys.stderr)
-        return 2 if exc.error is not None and exc.error.code == "invalid_request" else 1
-    except (StreamConnectionError, StreamProtocolError, SessionFailed, StreamClientError) as exc:
-        print(f"{name}: error: {_one_line(exc)}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{name}: interrupted", file=sys.stderr)
-        return 130
-    result = outcome.result
-    start = result.start
-    if start is not None and start.geometry_from_server:
-        fpb, tf = start.frames_per_block, start.temporal_factor
-
-    media = result.media_chunks
-    problems: list[str] = []
-    frames: list = []
-    per_transport: list[int] = []
-    if result.chunks:
-        try:
-            frames, per_transport = decode_stream(result.chunks)
-        except Exception as exc:
-            problems.append(f"cannot decode the stream: {_one_line(exc)}")
-    for chunk, decoded in zip(result.chunks, per_transport):
-        if decoded != chunk.fragment_frames:
-            problems.append(
-                f"transport chunk {chunk.transport_chunk_index} decodes to {decoded} frames, its metadata says {chunk.fragment_frames}"
-            )
-    if len(frames) != result.num_frames and not problems:
-        problems.append(f"the stream decodes to {len(frames)} frames, the metadata adds up to {result.num_frames}")
-    block_frames = split_blocks(frames, per_transport[: len(media)]) if frames else []
-
-    out.mkdir(parents=True, exist_ok=True)
-    chunks: list[dict] = []
-    for k, (chunk, block) in enumerate(zip(media, block_frames)):
-        array = np.stack(block).astype(np.uint8) if block else np.zeros((0, args.height, args.width, 3), np.uint8)
-        m = chunk.metadata
-        metadata = {
-            "block_index": m.generation_chunk_index,
-            "num_frames": int(array.shape[0]),
-            "started_event_ids": list(m.started_event_ids),
-            "active_event_ids": list(m.active_event_ids),
-            "completed_event_ids": list(m.completed_event_ids),
-        }
-        transport = {
-            "transport_chunk_index": m.transport_chunk_index,
-            "transport_num_frames": m.fragment_frames,
-            "byte_length": m.byte_length,
-            "received_at_seconds": chunk.received_at,
-        }
-        chunks.append(save_chunk(out, k, array, metadata, chunk.latency_seconds, transport))
-    total = time.perf_counter() - t_start
-    frames_delivered = sum(c["num_frames"] for c in chunks)
-    frames_expected = frames_for_blocks(blocks, fpb, tf)
-    failure = result.failure()
-    matches = (
-        failure is None
-        and not problems
-        and len(chunks) == blocks
-        and frames_delivered == frames_expected
-        and all(c["num_frames"] == frames_in_block(c["index"], fpb, tf) for c in chunks)
-    )
-    summary = {
-        "request_id": result.request_id,
-        "model": str(args.model) if args.model is not None else (start.config.get("model") if start else None),
-        "prompt": args.prompt,
-        "seed": start.seed if start else None,
-        "height": args.height,
-        "width": args.width,
-        "image": args.image,
-        "action_script": args.action_script,
-        "chunks_delivered": len(chunks),
-        "chunks_expected": blocks,
-        "frames_delivered": frames_delivered,
-        "frames_expected": frames_expected,
-        "matches_offline_frame_timeline": matches,
-        "time_to_first_frame_seconds": result.time_to_first_frame,
-        "total_seconds": total,
-        "load_seconds": start.received_at if start else None,  # session.start sent -> video.start
-        "chunks": chunks,
-        # remote only
-        "url": result.url,
-        "replica_id": start.replica_id if start else None,
-        "frames_per_block": fpb,
-        "temporal_factor": tf,
-        "geometry_from_server": bool(start and start.geometry_from_server),
-        "frame_counting_rule": FRAME_COUNTING_RULE,
-        "transport_chunks": [
-            {**c.summary(), "decoded_frames": per_transport[i] if i < len(per_transport) else None} for i, c in enumerate(result.chunks)
-        ],
-        "trailer_frames": result.trailer.fragment_frames if result.trailer else None,
-        "interactions": interaction_report(outcome),
-        "errors": [e.summary() for e in result.errors],
-        "problems": problems,
-        "failure": failure,
-        "done": None if result.done is None else {"chunks": result.done.chunks, "stopped": result.done.stopped},
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if failure:
-        print(f"{name}: error: {_one_line(failure)}", file=sys.stderr)
-    for problem in problems:
-        print(f"{name}: {problem}", file=sys.stderr)
-    print(f"summary: {out / 'summary.json'}")
-    ttff = summary["time_to_first_frame_seconds"]
-    print(
-        f"{len(chunks)}/{blocks} blocks, {frames_delivered}/{frames_expected} frames at {args.height}x{args.width}, "
-        f"first frame after {ttff if ttff is None else round(ttff, 2)}s, total {total:.2f}s "
-        f"(session open {summary['load_seconds'] or 0:.2f}s), "
-        f"timeline {'matches' if matches else 'DOES NOT match'} offline"
-    )
-    if failure:
-        return 1
-    return 0 if matches else 1

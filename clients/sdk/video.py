@@ -12,7 +12,7 @@ later tools (web tests, load benchmarks). No numpy, no PyAV, no torch here.
 
 or, all at once, `await stream_session(url, "a red room", blocks=3)`.
 
-Wire rules the client enforces (each violation raises `StreamProtocolError`):
+Wire rules the client enforces (each violation raises `ClientProtocolError`):
 a binary frame must come right after its `video.chunk_metadata` (no binary
 without metadata, no text message in between), and its length must equal the
 metadata's `byte_length`.
@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from clients.common import WebSocketClient, connect_kwargs, open_websocket
+from clients.sdk.connection import WebSocketClient, connect_kwargs, open_websocket
+from clients.sdk.errors import ClientConnectionError, ClientError, ClientInputError, ClientProtocolError, ServerError, SessionEndedError
 from deployments.contract.keys import KEYS
 from deployments.contract.timeline import (
     FRAMES_PER_BLOCK,
@@ -51,34 +52,6 @@ _IMAGE_TYPES = {  # magic bytes -> media type of the data URL
     b"\x89PNG\r\n\x1a\n": "image/png",
     b"\xff\xd8\xff": "image/jpeg",
 }
-
-
-# =====================================================================================
-# Errors
-# =====================================================================================
-class StreamClientError(Exception):
-    """Base class of everything this module raises on purpose; the message is one line for people."""
-
-
-class StreamInputError(StreamClientError, ValueError):
-    """A bad argument (missing image file, blank prompt, bad key...), found before anything is sent."""
-
-
-class StreamConnectionError(StreamClientError):
-    """The server could not be reached, or refused the WebSocket handshake."""
-
-
-class StreamProtocolError(StreamClientError):
-    """The server broke the wire contract (binary without metadata, wrong byte_length, bad JSON...)."""
-
-
-class SessionEndedError(StreamClientError):
-    """The session ended before `video.start` (the server sent an error and/or closed)."""
-
-    def __init__(self, message: str, error: "ServerError | None" = None, close_code: int | None = None) -> None:
-        super().__init__(message)
-        self.error = error
-        self.close_code = close_code
 
 
 # =====================================================================================
@@ -180,25 +153,6 @@ class InteractionQueued:
     request_id: str | None
     event_id: str
     received_at: float
-
-
-@dataclass(frozen=True)
-class ServerError:
-    message: str
-    code: str | None
-    received_at: float
-    request_id: str | None = None
-    event_id: str | None = None
-    raw: dict = field(default_factory=dict, repr=False, compare=False)
-
-    def __str__(self) -> str:
-        extra = f" [{self.code}]" if self.code else ""
-        if self.event_id:
-            extra += f" (event {self.event_id})"
-        return f"{self.message}{extra}"
-
-    def summary(self) -> dict:
-        return {k: v for k, v in self.raw.items() if k != "type"} | {"received_at_seconds": self.received_at}
 
 
 @dataclass(frozen=True)
@@ -353,17 +307,17 @@ class SessionResult:
 # =====================================================================================
 def image_data_url(path: str | os.PathLike) -> str:
     """An image file as a `data:image/...;base64,` URL: PNG and JPEG as they are, anything else
-    Pillow reads re-encoded as PNG; raises StreamInputError."""
+    Pillow reads re-encoded as PNG; raises ClientInputError."""
     p = Path(path)
     if not p.is_file():
-        raise StreamInputError(f"image file {p} does not exist")
+        raise ClientInputError(f"image file {p} does not exist")
     try:
         data = p.read_bytes()
     except OSError as exc:
-        raise StreamInputError(f"cannot read image {p}: {' '.join(str(exc).split())}") from None
+        raise ClientInputError(f"cannot read image {p}: {' '.join(str(exc).split())}") from None
     try:
         return image_bytes_data_url(data, source=str(p))
-    except StreamInputError:
+    except ClientInputError:
         pass
     import io
 
@@ -374,7 +328,7 @@ def image_data_url(path: str | os.PathLike) -> str:
             out = io.BytesIO()
             img.convert("RGB").save(out, format="PNG")
     except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise StreamInputError(f"cannot read image {p}: {' '.join(str(exc).split())}") from None
+        raise ClientInputError(f"cannot read image {p}: {' '.join(str(exc).split())}") from None
     return image_bytes_data_url(out.getvalue(), source=str(p))
 
 
@@ -383,7 +337,7 @@ def image_bytes_data_url(data: bytes, source: str = "image") -> str:
     for magic, media_type in _IMAGE_TYPES.items():
         if data.startswith(magic):
             return f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"
-    raise StreamInputError(f"{source} is not a PNG or JPEG file")
+    raise ClientInputError(f"{source} is not a PNG or JPEG file")
 
 
 def image_reference(path_or_url: str | os.PathLike) -> dict:
@@ -396,18 +350,18 @@ def image_reference(path_or_url: str | os.PathLike) -> dict:
 def video_url(url: str) -> str:
     """`ws://host:port` (or http://, or a full endpoint URL) -> the `/v1/realtime/video` endpoint URL."""
     if not isinstance(url, str) or not url.strip():
-        raise StreamInputError("the server URL must be a non-empty string like ws://127.0.0.1:8000")
+        raise ClientInputError("the server URL must be a non-empty string like ws://127.0.0.1:8000")
     url = url.strip()
     scheme, sep, rest = url.partition("://")
     if not sep:
-        raise StreamInputError(f"server URL {url!r} has no scheme: use ws://HOST:PORT (or wss://)")
+        raise ClientInputError(f"server URL {url!r} has no scheme: use ws://HOST:PORT (or wss://)")
     scheme = scheme.lower()
     scheme = {"http": "ws", "https": "wss"}.get(scheme, scheme)
     if scheme not in ("ws", "wss"):
-        raise StreamInputError(f"server URL {url!r}: scheme must be ws:// or wss://")
+        raise ClientInputError(f"server URL {url!r}: scheme must be ws:// or wss://")
     host, slash, path = rest.partition("/")
     if not host:
-        raise StreamInputError(f"server URL {url!r} has no host")
+        raise ClientInputError(f"server URL {url!r} has no host")
     path = "/" + path if slash else ""
     if path in ("", "/"):
         path = PATH
@@ -415,16 +369,16 @@ def video_url(url: str) -> str:
 
 
 def check_actions(actions: Sequence[Sequence[str]]) -> list[list[str]]:
-    """Per-latent-frame key lists, as JSON lists; raises StreamInputError on an unknown key."""
+    """Per-latent-frame key lists, as JSON lists; raises ClientInputError on an unknown key."""
     if isinstance(actions, (str, bytes)) or not isinstance(actions, Sequence) or not actions:
-        raise StreamInputError("actions must be a non-empty list of per-latent-frame key lists")
+        raise ClientInputError("actions must be a non-empty list of per-latent-frame key lists")
     out = []
     for i, frame in enumerate(actions):
         if isinstance(frame, (str, bytes)) or not isinstance(frame, Sequence):
-            raise StreamInputError(f"actions[{i}] must be a list of keys")
+            raise ClientInputError(f"actions[{i}] must be a list of keys")
         for key in frame:
             if key not in KEYS:
-                raise StreamInputError(f"actions[{i}] has unknown key {key!r}; keys are {' '.join(sorted(KEYS))}")
+                raise ClientInputError(f"actions[{i}] has unknown key {key!r}; keys are {' '.join(sorted(KEYS))}")
         out.append(list(frame))
     return out
 
@@ -449,36 +403,36 @@ def session_start_message(
     `blocks` is turned into `num_frames` with the given geometry. `image` is a
     PNG/JPEG file path (or a data URL); `extra` adds any other fields
     (`fps`, `num_inference_steps`, `extra_params`, ...) and wins over the rest.
-    Raises StreamInputError.
+    Raises ClientInputError.
     """
     if not isinstance(prompt, str) or not prompt.strip():
-        raise StreamInputError("prompt must be a non-blank string")
+        raise ClientInputError("prompt must be a non-blank string")
     message: dict[str, Any] = {"type": "session.start", "prompt": prompt}
     if num_frames is not None and blocks is not None:
-        raise StreamInputError("give num_frames or blocks, not both")
+        raise ClientInputError("give num_frames or blocks, not both")
     if blocks is not None:
         if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
-            raise StreamInputError(f"blocks must be a positive integer, got {blocks!r}")
+            raise ClientInputError(f"blocks must be a positive integer, got {blocks!r}")
         num_frames = frames_for_blocks(blocks, frames_per_block, temporal_factor)
     if num_frames is not None:
         if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 1:
-            raise StreamInputError(f"num_frames must be a positive integer, got {num_frames!r}")
+            raise ClientInputError(f"num_frames must be a positive integer, got {num_frames!r}")
         message["num_frames"] = num_frames
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise StreamInputError(f"seed must be a non-negative integer, got {seed!r}")
+            raise ClientInputError(f"seed must be a non-negative integer, got {seed!r}")
         message["seed"] = seed
     if size is not None:
         message["size"] = size
     if (width is None) != (height is None):
-        raise StreamInputError("width and height must be given together")
+        raise ClientInputError("width and height must be given together")
     if width is not None:
         for name, value in (("width", width), ("height", height)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise StreamInputError(f"{name} must be a positive integer, got {value!r}")
+                raise ClientInputError(f"{name} must be a positive integer, got {value!r}")
         message["width"], message["height"] = width, height
     if image is not None and image_reference_url is not None:
-        raise StreamInputError("give image or image_reference_url, not both")
+        raise ClientInputError("give image or image_reference_url, not both")
     if image is not None:
         message["image_reference"] = image_reference(image)
     elif image_reference_url is not None:
@@ -498,22 +452,22 @@ def interaction_message(
 ) -> dict:
     """Build a `session.interaction`. A missing `event_id` gets a fresh uuid4 hex here (so the
     caller knows it). `camera` is `{"mode": "target"|"velocity", "data": {"translation": [...], "rotation": [...]}}`;
-    `actions` one list of keys per latent frame. Raises StreamInputError."""
+    `actions` one list of keys per latent frame. Raises ClientInputError."""
     if prompt is None and camera is None and actions is None:
-        raise StreamInputError("an interaction needs a prompt, a camera command or actions")
+        raise ClientInputError("an interaction needs a prompt, a camera command or actions")
     if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
-        raise StreamInputError("interaction prompt must be a non-blank string")
+        raise ClientInputError("interaction prompt must be a non-blank string")
     if event_id is None:
         event_id = uuid.uuid4().hex
     elif not isinstance(event_id, str) or not event_id:
-        raise StreamInputError("event_id must be a non-empty string")
+        raise ClientInputError("event_id must be a non-empty string")
     event: dict[str, Any] = {}
     if prompt is not None:
         event["prompt"] = prompt
     media: dict[str, Any] = {}
     if camera is not None:
         if not isinstance(camera, dict) or camera.get("mode") not in ("target", "velocity"):
-            raise StreamInputError('camera must be {"mode": "target"|"velocity", "data": {"translation": [x, y, z], "rotation": [x, y, z, w]}}')
+            raise ClientInputError('camera must be {"mode": "target"|"velocity", "data": {"translation": [x, y, z], "rotation": [x, y, z, w]}}')
         media["camera"] = camera
     if actions is not None:
         media["actions"] = check_actions(actions)
@@ -522,7 +476,7 @@ def interaction_message(
     body: dict[str, Any] = {"event_id": event_id, "event": event}
     if transition_chunks is not None:
         if isinstance(transition_chunks, bool) or not isinstance(transition_chunks, int) or transition_chunks < 0:
-            raise StreamInputError(f"transition_chunks must be an integer >= 0, got {transition_chunks!r}")
+            raise ClientInputError(f"transition_chunks must be an integer >= 0, got {transition_chunks!r}")
         body["transition_chunks"] = transition_chunks
     return {"type": "session.interaction", "interaction": body}
 
@@ -535,7 +489,7 @@ def parse_video_start(data: dict, received_at: float) -> VideoStart:
     """`video.start` -> VideoStart. Geometry (latent frames per block, temporal factor, pipeline depth)
     is read from the `generation` object our server adds; other servers get the defaults."""
     if not isinstance(data.get("request_id"), str):
-        raise StreamProtocolError(f"video.start without a request_id string: {_short(data)}")
+        raise ClientProtocolError(f"video.start without a request_id string: {_short(data)}")
     config = data.get("config") if isinstance(data.get("config"), dict) else {}
     generation = data.get("generation") if isinstance(data.get("generation"), dict) else {}
     fpb = _positive_int(generation.get("frames_per_block"))
@@ -562,21 +516,21 @@ def parse_chunk_metadata(data: dict) -> ChunkMetadata:
     def ids(name: str) -> tuple[str, ...]:
         value = data.get(name) or []
         if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-            raise StreamProtocolError(f"video.chunk_metadata {name} must be a list of strings: {_short(data)}")
+            raise ClientProtocolError(f"video.chunk_metadata {name} must be a list of strings: {_short(data)}")
         return tuple(value)
 
     kind = data.get("kind")
     if kind not in ("media", "trailer"):
-        raise StreamProtocolError(f"video.chunk_metadata kind must be 'media' or 'trailer', got {kind!r}")
+        raise ClientProtocolError(f"video.chunk_metadata kind must be 'media' or 'trailer', got {kind!r}")
     for name in ("num_frames", "byte_length", "transport_chunk_index", "fragment_frames"):
         if name not in data and name == "fragment_frames":
             continue
         value = data.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise StreamProtocolError(f"video.chunk_metadata {name} must be a non-negative integer, got {value!r}")
+            raise ClientProtocolError(f"video.chunk_metadata {name} must be a non-negative integer, got {value!r}")
     gen = data.get("generation_chunk_index")
     if gen is not None and (isinstance(gen, bool) or not isinstance(gen, int)):
-        raise StreamProtocolError(f"video.chunk_metadata generation_chunk_index must be an integer or null, got {gen!r}")
+        raise ClientProtocolError(f"video.chunk_metadata generation_chunk_index must be an integer or null, got {gen!r}")
     return ChunkMetadata(
         request_id=data.get("request_id"),
         kind=kind,
@@ -634,7 +588,7 @@ class VideoStreamClient(WebSocketClient):
 
     # -- connection ---------------------------------------------------------------
     async def connect(self) -> "VideoStreamClient":
-        self._ws = await open_websocket(self.url, self.open_timeout, self._connect_kwargs, StreamInputError, StreamConnectionError)
+        self._ws = await open_websocket(self.url, self.open_timeout, self._connect_kwargs, ClientInputError, ClientConnectionError)
         return self
 
     async def close(self) -> None:
@@ -646,14 +600,14 @@ class VideoStreamClient(WebSocketClient):
     # -- sending ---------------------------------------------------------------------
     async def send_json(self, message: dict) -> None:
         if self._ws is None:
-            raise StreamClientError("not connected")
+            raise ClientError("not connected")
         async with self._send_lock:
             await self._ws.send(json.dumps(message))
 
     async def send_raw(self, data: str | bytes) -> None:
         """Send anything (tests of malformed input)."""
         if self._ws is None:
-            raise StreamClientError("not connected")
+            raise ClientError("not connected")
         async with self._send_lock:
             await self._ws.send(data)
 
@@ -674,7 +628,7 @@ class VideoStreamClient(WebSocketClient):
         if message is None:
             message = session_start_message(prompt, **fields)
         elif prompt is not None or fields:
-            raise StreamInputError("give either message or prompt/fields")
+            raise ClientInputError("give either message or prompt/fields")
         if self._ws is None:
             await self.connect()
         self._t0 = time.perf_counter()
@@ -729,7 +683,7 @@ class VideoStreamClient(WebSocketClient):
 
         A binary frame is yielded as the VideoChunk of the metadata before it.
         `timeout` bounds the wait for each message (TimeoutError when it passes).
-        Raises StreamProtocolError on a wire-contract violation. Breaking out and
+        Raises ClientProtocolError on a wire-contract violation. Breaking out and
         calling it again later loses nothing.
         """
         while True:
@@ -744,7 +698,7 @@ class VideoStreamClient(WebSocketClient):
         from websockets.exceptions import ConnectionClosed
 
         if self._ws is None:
-            raise StreamClientError("not connected")
+            raise ClientError("not connected")
         while not self._finished:
             try:
                 if timeout is None:
@@ -755,7 +709,7 @@ class VideoStreamClient(WebSocketClient):
                 self._finish()
                 pending, self._pending = self._pending, None
                 if pending is not None:
-                    raise StreamProtocolError(
+                    raise ClientProtocolError(
                         f"connection closed after video.chunk_metadata (transport_chunk_index {pending.transport_chunk_index}) "
                         "but before its binary frame"
                     ) from None
@@ -766,12 +720,12 @@ class VideoStreamClient(WebSocketClient):
             try:
                 data = json.loads(raw)
             except ValueError:
-                raise StreamProtocolError(f"server sent a text message that is not JSON: {_short(raw)}") from None
+                raise ClientProtocolError(f"server sent a text message that is not JSON: {_short(raw)}") from None
             if not isinstance(data, dict):
-                raise StreamProtocolError(f"server sent a JSON {type(data).__name__}, not an object: {_short(raw)}")
+                raise ClientProtocolError(f"server sent a JSON {type(data).__name__}, not an object: {_short(raw)}")
             kind = data.get("type")
             if self._pending is not None:
-                raise StreamProtocolError(
+                raise ClientProtocolError(
                     f"video.chunk_metadata (transport_chunk_index {self._pending.transport_chunk_index}) was followed by "
                     f"a {_short(str(kind), 60)!r} message instead of its binary frame"
                 )
@@ -779,7 +733,7 @@ class VideoStreamClient(WebSocketClient):
                 metadata = parse_chunk_metadata(data)
                 expected = len(self._result.chunks)
                 if metadata.transport_chunk_index != expected:
-                    raise StreamProtocolError(
+                    raise ClientProtocolError(
                         f"video.chunk_metadata transport_chunk_index {metadata.transport_chunk_index}, expected {expected} "
                         "(the count of binary frames sent before it)"
                     )
@@ -795,9 +749,9 @@ class VideoStreamClient(WebSocketClient):
     def _on_binary(self, data: bytes, now: float) -> VideoChunk:
         pending, self._pending = self._pending, None
         if pending is None:
-            raise StreamProtocolError(f"binary frame of {len(data)} bytes arrived without a video.chunk_metadata right before it")
+            raise ClientProtocolError(f"binary frame of {len(data)} bytes arrived without a video.chunk_metadata right before it")
         if len(data) != pending.byte_length:
-            raise StreamProtocolError(
+            raise ClientProtocolError(
                 f"binary frame of transport chunk {pending.transport_chunk_index} has {len(data)} bytes, "
                 f"but its video.chunk_metadata says byte_length {pending.byte_length}"
             )

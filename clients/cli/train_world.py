@@ -38,7 +38,7 @@ def main(args: argparse.Namespace) -> int:
     import sys
     from dataclasses import replace
 
-    from clients.rollout import quiet_libraries
+    from clients.cli.rollout import quiet_libraries
 
     quiet_libraries()
     from deployments.training.train_world import STAGES, WorldTraining, run

@@ -39,7 +39,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--window-frames", type=int, metavar="N", help="latent frames of the rolling attention window besides the sink")
     parser.add_argument("--key", metavar="NAME", help="the entry of the weights file that holds the transformer (default: generator_ema, then generator, then the top level)")
     parser.add_argument("--camera-adapter", metavar="DIR", help="a CameraAdapter folder to add (without one, camera and key interactions are refused)")
-    from clients.rollout import DTYPE_NAMES  # argparse only
+    from clients.cli.rollout import DTYPE_NAMES  # argparse only
 
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="bfloat16", help="dtype of the written transformer (default: bfloat16)")
     parser.add_argument("--shift", type=float, metavar="S", help="flow shift of the distilled schedule, written into scheduler/scheduler_config.json (default: the base's)")
@@ -49,8 +49,8 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     from pathlib import Path
 
-    from clients.common import one_line
-    from clients.rollout import quiet_libraries
+    from clients.sdk.connection import one_line
+    from clients.cli.rollout import quiet_libraries
 
     quiet_libraries()
     from deployments.generation.geometry import CheckpointError

@@ -46,8 +46,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from clients.common import WebSocketClient, connect_kwargs, open_websocket
-from clients.common import one_line as _one_line
+from clients.sdk.connection import WebSocketClient, connect_kwargs, open_websocket
+from clients.sdk.errors import ClientConnectionError, ClientError, ClientInputError, ClientProtocolError, ClientTimeoutError, ServerError, SessionEndedError
+from clients.sdk.connection import one_line as _one_line
 
 PATH = "/v1/video/chat/stream"
 MAX_FRAME_BYTES = 10 * 1024 * 1024  # the server's decoded size limit of a frame
@@ -57,33 +58,6 @@ DEFAULT_JPEG_QUALITY = 85
 _AUTO = object()  # send_frame: number frame ids automatically
 
 _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")
-
-
-# =====================================================================================
-# Errors
-# =====================================================================================
-class ChatClientError(Exception):
-    """Base class of everything this module raises on purpose; the message is one line for people."""
-
-
-class ChatInputError(ChatClientError, ValueError):
-    """A bad argument (blank query, odd PCM length, bad URL...), found before anything is sent."""
-
-
-class ChatConnectionError(ChatClientError):
-    """The server could not be reached, or refused the WebSocket handshake."""
-
-
-class ChatProtocolError(ChatClientError):
-    """The server broke the wire contract (a text message that is not a JSON object)."""
-
-
-class ChatSessionError(ChatClientError):
-    """The session ended (the server closed the connection) before what was being waited for."""
-
-
-class ChatTimeoutError(ChatClientError, TimeoutError):
-    """Nothing came within the time given."""
 
 
 # =====================================================================================
@@ -138,22 +112,6 @@ class EvsStats:
     def __str__(self) -> str:
         rate = f" ({self.drop_rate:.1%})" if isinstance(self.drop_rate, (int, float)) else ""
         return f"kept {self.retained_count} of {self.total_count} frames, dropped {self.dropped_count}{rate}"
-
-
-@dataclass(frozen=True)
-class ServerError:
-    message: str
-    code: str | None
-    received_at: float
-    request_id: str | None = None
-    event_id: str | None = None
-    raw: dict = field(default_factory=dict, repr=False, compare=False)
-
-    def __str__(self) -> str:
-        return f"{self.message} [{self.code}]" if self.code else self.message
-
-    def summary(self) -> dict:
-        return {k: v for k, v in self.raw.items() if k != "type"} | {"received_at_seconds": self.received_at}
 
 
 @dataclass(frozen=True)
@@ -373,17 +331,17 @@ class ChatResult:
 def chat_url(url: str) -> str:
     """`ws://host:port` (or http://, or a full endpoint URL) -> the `/v1/video/chat/stream` endpoint URL."""
     if not isinstance(url, str) or not url.strip():
-        raise ChatInputError("the server URL must be a non-empty string like ws://127.0.0.1:8000")
+        raise ClientInputError("the server URL must be a non-empty string like ws://127.0.0.1:8000")
     url = url.strip()
     scheme, sep, rest = url.partition("://")
     if not sep:
-        raise ChatInputError(f"server URL {url!r} has no scheme: use ws://HOST:PORT (or wss://)")
+        raise ClientInputError(f"server URL {url!r} has no scheme: use ws://HOST:PORT (or wss://)")
     scheme = {"http": "ws", "https": "wss"}.get(scheme.lower(), scheme.lower())
     if scheme not in ("ws", "wss"):
-        raise ChatInputError(f"server URL {url!r}: scheme must be ws:// or wss://")
+        raise ClientInputError(f"server URL {url!r}: scheme must be ws:// or wss://")
     host, slash, path = rest.partition("/")
     if not host:
-        raise ChatInputError(f"server URL {url!r} has no host")
+        raise ClientInputError(f"server URL {url!r} has no host")
     path = "/" + path if slash else ""
     if path in ("", "/"):
         path = PATH
@@ -392,7 +350,7 @@ def chat_url(url: str) -> str:
 
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ChatInputError(f"{name} must be a positive integer, got {value!r}")
+        raise ClientInputError(f"{name} must be a positive integer, got {value!r}")
     return value
 
 
@@ -408,15 +366,15 @@ def session_config_message(
     extra: dict | None = None,
 ) -> dict:
     """Build a `session.config`; only the fields given are set (the server's defaults apply to the rest).
-    `extra` adds any other fields and wins over the rest. Raises ChatInputError."""
+    `extra` adds any other fields and wins over the rest. Raises ClientInputError."""
     message: dict[str, Any] = {"type": "session.config"}
     if model is not None:
         if not isinstance(model, str):
-            raise ChatInputError(f"model must be a string, got {model!r}")
+            raise ClientInputError(f"model must be a string, got {model!r}")
         message["model"] = model
     if modalities is not None:
         if isinstance(modalities, str) or not all(isinstance(m, str) for m in modalities):
-            raise ChatInputError(f"modalities must be a list of strings, got {modalities!r}")
+            raise ClientInputError(f"modalities must be a list of strings, got {modalities!r}")
         message["modalities"] = list(modalities)
     if max_frames is not None:
         message["max_frames"] = _positive_int("max_frames", max_frames)
@@ -424,15 +382,15 @@ def session_config_message(
         message["num_sample_frames"] = _positive_int("num_sample_frames", num_sample_frames)
     if evs_enabled is not None:
         if not isinstance(evs_enabled, bool):
-            raise ChatInputError(f"evs_enabled must be true or false, got {evs_enabled!r}")
+            raise ClientInputError(f"evs_enabled must be true or false, got {evs_enabled!r}")
         message["evs_enabled"] = evs_enabled
     if evs_threshold is not None:
         if isinstance(evs_threshold, bool) or not isinstance(evs_threshold, (int, float)) or not math.isfinite(evs_threshold):
-            raise ChatInputError(f"evs_threshold must be a finite number, got {evs_threshold!r}")
+            raise ClientInputError(f"evs_threshold must be a finite number, got {evs_threshold!r}")
         message["evs_threshold"] = evs_threshold
     if system_prompt is not None:
         if not isinstance(system_prompt, str):
-            raise ChatInputError(f"system_prompt must be a string, got {system_prompt!r}")
+            raise ClientInputError(f"system_prompt must be a string, got {system_prompt!r}")
         message["system_prompt"] = system_prompt
     if extra:
         message.update({k: v for k, v in extra.items() if k != "type"})
@@ -449,7 +407,7 @@ def encode_jpeg(image: Any, quality: int = DEFAULT_JPEG_QUALITY) -> bytes:
         try:
             image = Image.fromarray(image)
         except Exception as exc:
-            raise ChatInputError(f"cannot make an image of {type(image).__name__}: {_one_line(exc)}") from None
+            raise ClientInputError(f"cannot make an image of {type(image).__name__}: {_one_line(exc)}") from None
     if image.mode not in ("RGB", "L"):
         image = image.convert("RGB")
     out = io.BytesIO()
@@ -520,7 +478,7 @@ class AnswerStream:
         try:
             item = await asyncio.wait_for(self._queue.get(), self.timeout)
         except (TimeoutError, asyncio.TimeoutError):
-            raise ChatTimeoutError(
+            raise ClientTimeoutError(
                 f"query {self.answer.index + 1}: nothing from the server for {self.timeout:g}s"
             ) from None
         if item is _END:
@@ -530,7 +488,7 @@ class AnswerStream:
 
     async def wait(self) -> Answer:
         """Read the rest of the answer; returns it (see `Answer.ok` / `failure()`).
-        Raises ChatTimeoutError when the server goes quiet for `timeout` seconds."""
+        Raises ClientTimeoutError when the server goes quiet for `timeout` seconds."""
         async for _ in self:
             pass
         return self.answer
@@ -540,7 +498,7 @@ class AnswerStream:
         try:
             await asyncio.wait_for(self._ended.wait(), timeout)
         except (TimeoutError, asyncio.TimeoutError):
-            raise ChatTimeoutError(f"query {self.answer.index + 1} did not end within {timeout:g}s") from None
+            raise ClientTimeoutError(f"query {self.answer.index + 1} did not end within {timeout:g}s") from None
         return self.answer
 
 
@@ -584,7 +542,7 @@ class ChatStreamClient(WebSocketClient):
         self._changed = asyncio.Condition()
         self._send_lock = asyncio.Lock()
         self._query_lock = asyncio.Lock()
-        self._ws = await open_websocket(self.url, self.open_timeout, self._connect_kwargs, ChatInputError, ChatConnectionError)
+        self._ws = await open_websocket(self.url, self.open_timeout, self._connect_kwargs, ClientInputError, ClientConnectionError)
         self._t0 = time.perf_counter()
         self._reader = asyncio.create_task(self._read_loop(), name="chat-client-reader")
         return self
@@ -606,19 +564,19 @@ class ChatStreamClient(WebSocketClient):
         await self.send_raw(json.dumps(message))
 
     async def send_raw(self, data: str | bytes) -> None:
-        """Send anything (tests of malformed input). Raises ChatSessionError once the connection is gone."""
+        """Send anything (tests of malformed input). Raises SessionEndedError once the connection is gone."""
         from websockets.exceptions import ConnectionClosed
 
         if self._ws is None or self._send_lock is None:
-            raise ChatClientError("not connected")
+            raise ClientError("not connected")
         if self._finished:
-            raise ChatSessionError(self._result.failure() or "the session is over")
+            raise SessionEndedError(self._result.failure() or "the session is over")
         try:
             async with self._send_lock:
                 await self._ws.send(data)
         except ConnectionClosed:
             self._note_close(self._ws)
-            raise ChatSessionError(self._result.failure() or "the connection closed") from None
+            raise SessionEndedError(self._result.failure() or "the connection closed") from None
 
     async def configure(self, *, message: dict | None = None, **fields: Any) -> dict:
         """Send `session.config` (built by `session_config_message(**fields)`, or `message` as is);
@@ -626,7 +584,7 @@ class ChatStreamClient(WebSocketClient):
         if message is None:
             message = session_config_message(**fields)
         elif fields:
-            raise ChatInputError("give either message or fields")
+            raise ClientInputError("give either message or fields")
         self._result.config = message
         await self.send_json(message)
         return message
@@ -647,7 +605,7 @@ class ChatStreamClient(WebSocketClient):
         if isinstance(image, (bytes, bytearray, memoryview)):
             data = bytes(image)
             if not data:
-                raise ChatInputError("the frame is empty")
+                raise ClientInputError("the frame is empty")
         else:
             data = encode_jpeg(image, quality)
         if frame_id is _AUTO:
@@ -658,7 +616,7 @@ class ChatStreamClient(WebSocketClient):
             message["frame_id"] = frame_id
         if pts_ms is not None:
             if isinstance(pts_ms, bool) or not isinstance(pts_ms, (int, float)) or not math.isfinite(pts_ms):
-                raise ChatInputError(f"pts_ms must be a finite number, got {pts_ms!r}")
+                raise ClientInputError(f"pts_ms must be a finite number, got {pts_ms!r}")
             pts_ms = int(round(pts_ms))
             message["pts_ms"] = pts_ms
         if extra:
@@ -672,7 +630,7 @@ class ChatStreamClient(WebSocketClient):
         """Send an `audio.chunk` of PCM16 LE, 16 kHz, mono samples (an even, non-zero number of bytes)."""
         data = bytes(pcm16)
         if not data or len(data) % 2:
-            raise ChatInputError(f"PCM16 audio must be a non-empty, even number of bytes, got {len(data)}")
+            raise ClientInputError(f"PCM16 audio must be a non-empty, even number of bytes, got {len(data)}")
         sent = SentAudio(len(data), self.elapsed())
         self._result.audio.append(sent)
         await self.send_json({"type": "audio.chunk", "data": base64.b64encode(data).decode("ascii")})
@@ -682,17 +640,17 @@ class ChatStreamClient(WebSocketClient):
         """Send a `video.query` once the previous answer has ended; returns its AnswerStream.
 
         `timeout` bounds the wait for the previous answer and, on the stream, each
-        wait for the next message of this answer (ChatTimeoutError)."""
+        wait for the next message of this answer (ClientTimeoutError)."""
         if not isinstance(text, str) or not text.strip():
-            raise ChatInputError("the query must be a non-blank string")
+            raise ClientInputError("the query must be a non-blank string")
         if self._query_lock is None:
-            raise ChatClientError("not connected")
+            raise ClientError("not connected")
         async with self._query_lock:
             previous = self._active
             if previous is not None and not previous.finished:
                 await previous.wait_ended(timeout)
             if self._finished:
-                raise ChatSessionError(self._result.failure() or "the session is over")
+                raise SessionEndedError(self._result.failure() or "the session is over")
             answer = Answer(index=len(self._result.answers), query=text, sent_at=self.elapsed())
             stream = AnswerStream(answer, timeout)
             self._result.answers.append(answer)
@@ -711,8 +669,8 @@ class ChatStreamClient(WebSocketClient):
             await active.wait_ended(timeout)
 
     async def wait_ack(self, frame_id: Any, timeout: float | None = None) -> FrameAck:
-        """The `video.frame.ack` of `frame_id` (waits for it). Raises ChatSessionError when the
-        session ends first, ChatClientError when an error names the frame instead."""
+        """The `video.frame.ack` of `frame_id` (waits for it). Raises SessionEndedError when the
+        session ends first, ClientError when an error names the frame instead."""
         await self._wait_for(
             lambda: frame_id in self._result.acks or frame_id in self._result.frame_errors,
             timeout,
@@ -720,7 +678,7 @@ class ChatStreamClient(WebSocketClient):
         )
         if frame_id in self._result.acks:
             return self._result.acks[frame_id]
-        raise ChatClientError(f"frame {frame_id!r} refused: {self._result.frame_errors[frame_id]}")
+        raise ClientError(f"frame {frame_id!r} refused: {self._result.frame_errors[frame_id]}")
 
     async def wait_acks(self, max_pending: int = 0, timeout: float | None = None) -> None:
         """Wait until at most `max_pending` frames sent with a frame_id have no ack (or error) yet."""
@@ -734,7 +692,7 @@ class ChatStreamClient(WebSocketClient):
     async def done(self, timeout: float | None = 60.0) -> EvsStats | None:
         """Wait for the answer in progress, send `video.done`, wait for `session.done`;
         returns the `response.evs_stats` (None when the server sent none: EVS off).
-        Raises ChatSessionError when the session ends without session.done."""
+        Raises SessionEndedError when the session ends without session.done."""
         await self.wait_idle(timeout)
         self._result.done_sent_at = self.elapsed()
         await self.send_json({"type": "video.done"})
@@ -754,7 +712,7 @@ class ChatStreamClient(WebSocketClient):
         self, predicate: Callable[[], bool], timeout: float | None, what: str, detail: Callable[[], str] | None = None
     ) -> None:
         if self._changed is None:
-            raise ChatClientError("not connected")
+            raise ClientError("not connected")
 
         async def wait() -> None:
             async with self._changed:
@@ -764,11 +722,11 @@ class ChatStreamClient(WebSocketClient):
             await asyncio.wait_for(wait(), timeout)
         except (TimeoutError, asyncio.TimeoutError):
             extra = f" ({detail()})" if detail else ""
-            raise ChatTimeoutError(f"{what} within {timeout:g}s{extra}") from None
+            raise ClientTimeoutError(f"{what} within {timeout:g}s{extra}") from None
         if not predicate():
             if self._result.protocol_error is not None:
-                raise ChatProtocolError(self._result.protocol_error)
-            raise ChatSessionError(f"{what}: {self._result.failure() or 'the session ended'}")
+                raise ClientProtocolError(self._result.protocol_error)
+            raise SessionEndedError(f"{what}: {self._result.failure() or 'the session ended'}")
 
     # -- receiving ----------------------------------------------------------------------
     async def _read_loop(self) -> None:

@@ -43,7 +43,7 @@ def _make_models_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _make_models_run(args: argparse.Namespace) -> int:
-    from clients.rollout import quiet_libraries
+    from clients.cli.rollout import quiet_libraries
 
     quiet_libraries()
     from deployments.models.tiny_world_model import make_models
@@ -57,17 +57,21 @@ def _make_models_run(args: argparse.Namespace) -> int:
 
 
 def _rollout_arguments(parser: argparse.ArgumentParser) -> None:
-    from clients.rollout import (
-        add_arguments,  # argparse only; the module imports nothing heavy at top level
-    )
+    # argparse only: neither module imports anything heavy at top level
+    from clients.cli.remote_rollout import add_url_argument
+    from clients.cli.rollout import add_arguments
 
     add_arguments(parser)
+    add_url_argument(parser)
 
 
 def _rollout_run(args: argparse.Namespace) -> int:
-    from clients.rollout import main as rollout_main
-
-    return rollout_main(args)
+    """In this process, or (`--url`) against a running server."""
+    if getattr(args, "url", None):
+        from clients.cli.remote_rollout import main
+    else:
+        from clients.cli.rollout import main
+    return main(args)
 
 
 ROLLOUT_EPILOG = """\
@@ -84,11 +88,11 @@ writes OUT/chunk_NNN.npy (uint8 [T,H,W,3]), OUT/chunk_NNN.json (block metadata
 
 
 def _module_command(name: str, module: str, help: str, description: str) -> Command:
-    """A command whose module (`clients.<module>`) holds `add_arguments`, `main` and `EPILOG`, imported only when
+    """A command whose module (`clients.cli.<module>`) holds `add_arguments`, `main` and `EPILOG`, imported only when
     the parser is built (the module's top level imports nothing heavy)."""
 
     def load():
-        return __import__(f"clients.{module}", fromlist=["add_arguments", "main", "EPILOG"])
+        return __import__(f"clients.cli.{module}", fromlist=["add_arguments", "main", "EPILOG"])
 
     return Command(
         name=name,

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
-from clients.common import one_line as _one_line
+from clients.sdk.connection import one_line as _one_line
 
 DEFAULT_HEIGHT = 64
 DEFAULT_WIDTH = 64
@@ -562,17 +562,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--gpu-memory-fraction", type=float, metavar="F", help="cap each rank's GPU memory at this share of the device (0 < F <= 1)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="no compiled or graph-captured forwards (the seed's flag; this engine runs eagerly, so it is recorded only)")
-    from clients.generate import add_rollout_url_argument  # argparse only
-
-    add_rollout_url_argument(parser)
 
 
 def main(args) -> int:
-    """Run `rtv rollout` from parsed arguments; returns the exit code."""
-    if getattr(args, "url", None):
-        from clients.generate import remote_rollout_main
-
-        return remote_rollout_main(args)
+    """Run `rtv rollout` from parsed arguments (in-process; `--url` goes to `remote_rollout`); returns the exit code."""
     if args.model is None:
         print("rtv rollout: error: --model is required (or --url ws://HOST:PORT to drive a server)", file=sys.stderr)
         return 2

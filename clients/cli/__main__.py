@@ -1,0 +1,5 @@
+import sys
+
+from clients.cli import main
+
+sys.exit(main())
