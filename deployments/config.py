@@ -109,6 +109,10 @@ class AppConfig(BaseModel):
     jobs_content_dir: str = "state/videos"  # a folder or an fsspec URL
     jobs_expiry_s: PositiveFloat = 86400.0  # a finished job and its video are removed this long after it ends
     max_queued_jobs: PositiveInt = 64  # jobs waiting for a session slot; beyond: 503 with Retry-After
+    # Per API key (with api_keys set; each key sees only its own jobs): beyond, 429 naming the limit. None: no limit.
+    jobs_in_flight_per_key: PositiveInt | None = 16  # queued or rendering
+    jobs_stored_per_key: PositiveInt | None = 1000  # completed videos kept until they expire or are deleted
+    jobs_stored_bytes_per_key: PositiveInt | None = 10 * 1024**3
     jobs_default_seconds: PositiveInt = 4  # OpenAI's default when a job gives neither seconds nor num_frames
     jobs_sync_timeout_s: PositiveFloat = 600.0  # POST /v1/videos/sync gives up waiting after this
 

@@ -1,6 +1,7 @@
 """Video jobs without Ray: the SQLite store, the content store, and a job's life in the manager (fake runner)."""
 
 import asyncio
+import dataclasses
 import io
 
 import av
@@ -358,3 +359,79 @@ def test_a_new_manager_fails_jobs_left_running_and_expiry_removes_videos(tmp_pat
     assert sorted(gone) == sorted([left, done.id])
     assert jobs.store.get(done.id) is None and jobs.content.size(done.id) is None
     assert list((tmp_path / "videos" / ".partial").iterdir()) == []
+
+
+def keyed(key_id: str | None, blocks: int = 1) -> JobSpec:
+    return dataclasses.replace(spec(blocks), key_id=key_id)
+
+
+def test_each_key_sees_only_its_own_jobs_and_a_server_without_keys_sees_all(tmp_path, clock):
+    async def go():
+        runner = FakeRunner()
+        runner.gate.set()
+        jobs = manager(tmp_path, clock, runner, max_queued=8)
+        a = await jobs.wait(jobs.create(keyed("key-a")).id, 10)
+        b = await jobs.wait(jobs.create(keyed("key-b")).id, 10)
+        refused = []
+        for attempt in (lambda: jobs.get(a.id, "key-b"), lambda: jobs.remix(a.id, "x", "key-b"), lambda: jobs.delete(a.id, "key-b"),
+                        lambda: jobs.content_size(a.id, key_id="key-b"), lambda: jobs.wait(a.id, 1, "key-b")):
+            with pytest.raises(JobsError) as info:
+                result = attempt()
+                if asyncio.iscoroutine(result):
+                    await result
+            refused.append(info.value)
+        with pytest.raises(JobsError) as after:
+            jobs.page(10, after=a.id, key_id="key-b")
+        remix = await jobs.wait((await jobs.remix(a.id, "again", "key-a")).id, 10)
+        return jobs, a, b, refused, after.value, remix
+
+    jobs, a, b, refused, after, remix = asyncio.run(go())
+    assert all(e.kind == JobsError.NOT_FOUND and e.message == f"No video found with id '{a.id}'." for e in refused)
+    assert after.kind == JobsError.NOT_FOUND
+    assert [r.id for r in jobs.page(10, key_id="key-a").data] == [remix.id, a.id]  # a remix belongs to its source's key
+    assert [r.id for r in jobs.page(10, key_id="key-b").data] == [b.id]
+    assert [r.id for r in jobs.page(10).data] == [remix.id, b.id, a.id]  # no keys configured: as before, every job
+    assert jobs.get(a.id, "key-a").key_id == "key-a" and jobs.store.get(a.id).bytes > 0
+
+
+def test_per_key_quotas_answer_with_the_limit_they_hit(tmp_path, clock):
+    async def go():
+        runner = FakeRunner()
+        jobs = manager(tmp_path, clock, runner, max_queued=8, max_in_flight_per_key=1, max_stored_per_key=2)
+        first = jobs.create(keyed("key-a"))
+        with pytest.raises(JobsError) as in_flight:
+            jobs.create(keyed("key-a"))
+        other = jobs.create(keyed("key-b"))  # another key's quota is its own
+        anonymous = [jobs.create(keyed(None)) for _ in range(3)]  # a server without keys has no quotas
+        runner.gate.set()
+        for job in (first, other, *anonymous):
+            await jobs.wait(job.id, 10)
+        await jobs.wait(jobs.create(keyed("key-a")).id, 10)
+        with pytest.raises(JobsError) as stored:
+            jobs.create(keyed("key-a"))
+        used = jobs.store.stored_bytes("key-a")
+        await jobs.delete(first.id, "key-a")  # deleting frees the quota
+        freed = jobs.create(keyed("key-a"))
+        await jobs.wait(freed.id, 10)
+        bytes_limited = manager(tmp_path / "bytes", clock, runner, max_stored_bytes_per_key=1)
+        await bytes_limited.wait(bytes_limited.create(keyed("key-a")).id, 10)
+        with pytest.raises(JobsError) as too_big:
+            bytes_limited.create(keyed("key-a"))
+        return in_flight.value, stored.value, used, too_big.value
+
+    in_flight, stored, used, too_big = asyncio.run(go())
+    assert (in_flight.kind, in_flight.param, in_flight.retry_after_s) == (JobsError.QUOTA, "jobs_in_flight", 3.0)
+    assert "1 videos queued or rendering" in in_flight.message
+    assert (stored.kind, stored.param) == (JobsError.QUOTA, "stored_videos") and "stores 2 videos" in stored.message
+    assert used > 0 and (too_big.kind, too_big.param) == (JobsError.QUOTA, "stored_bytes")
+
+
+def test_a_quota_refusal_is_a_429_in_openais_shape():
+    from deployments.ingress.videos_api import _from_jobs_error
+
+    error = _from_jobs_error(JobsError(JobsError.QUOTA, "This API key stores 2 videos, its limit; delete some first.", param="stored_videos"))
+    assert error.status == 429 and error.body()["error"] == {
+        "message": "This API key stores 2 videos, its limit; delete some first.", "type": "insufficient_quota",
+        "param": None, "code": "stored_videos_limit",
+    }
+    assert _from_jobs_error(JobsError(JobsError.QUOTA, "busy", retry_after_s=3.0, param="jobs_in_flight")).headers() == {"Retry-After": "3"}

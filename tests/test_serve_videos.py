@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.filterwarnings("ignore::Depr
 APP, PREFIX = "videos-api", "/videos-api"
 LEASE_S = 3.0
 KEY = "sk-videos-test"
+OTHER_KEY = "sk-videos-other-tenant"
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,8 @@ def served(serve_address, world_model_dir, tmp_path_factory):
         jobs_db_path=str(state / "db" / "jobs.db"),
         jobs_content_dir=str(state / "videos"),
         max_queued_jobs=1,
-        api_keys=[KEY],
+        api_keys=[KEY, OTHER_KEY],
+        jobs_in_flight_per_key=4,  # above what any test here keeps in flight under one key
         max_media_ahead_s=3.0,  # a viewer that reports nothing is held to real time 3 s ahead; a job is not
     )
     serve.run(build_app(config), name=APP, route_prefix=PREFIX)
@@ -196,6 +198,32 @@ def test_operations_this_server_does_not_offer_are_named_in_openais_error_shape(
     assert status == 404 and json.loads(body)["error"]["code"] == "unsupported_operation"
     status, _, body = http("GET", served.base + "/nothing-here")
     assert status == 404 and json.loads(body) == {"detail": "Not Found"}  # outside the video API: FastAPI's own
+
+
+def test_each_key_sees_and_touches_only_its_own_videos(client, served):
+    other = openai.OpenAI(base_url=served.base + "/v1", api_key=OTHER_KEY, max_retries=0, timeout=60)
+    small = {"fps": 8, "num_frames": 9}
+    mine = client.videos.create_and_poll(prompt="a private garden", seconds="1", extra_body=small, poll_interval_ms=200)
+    theirs = other.videos.create_and_poll(prompt="their harbour", seconds="1", extra_body=small, poll_interval_ms=200)
+    assert mine.status == theirs.status == "completed"
+    # Another key's video is not found, exactly as one that never existed: listing, paging from it, reading,
+    # downloading, remixing and deleting it.
+    assert mine.id not in [v.id for v in other.videos.list(limit=100)]
+    assert theirs.id not in [v.id for v in client.videos.list(limit=100)]
+    for attempt in (
+        lambda: other.videos.retrieve(mine.id),
+        lambda: other.videos.download_content(mine.id),
+        lambda: other.videos.remix(mine.id, prompt="stolen"),
+        lambda: other.videos.delete(mine.id),
+        lambda: other.videos.list(after=mine.id),
+    ):
+        with pytest.raises(openai.NotFoundError) as refused:
+            attempt()
+        assert refused.value.response.json()["error"]["message"] == f"No video found with id '{mine.id}'."
+    # ...and still the owner's, whole.
+    assert client.videos.retrieve(mine.id).status == "completed"
+    assert client.videos.download_content(mine.id).read()[4:8] == b"ftyp"
+    other.videos.delete(theirs.id)
 
 
 def test_list_newest_first_with_pages(client):

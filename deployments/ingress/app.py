@@ -69,10 +69,10 @@ class VideoIngress:
             return JSONResponse({"status": "loading", "not_ready": loading, "pid": os.getpid()}, status_code=503)
         return JSONResponse({"status": "ok", "pid": os.getpid()})
 
-    def check_http(self, request: Request) -> None:
-        """API keys and origins for HTTP routes; refusals answer in OpenAI's error shape."""
+    def check_http(self, request: Request) -> Grant:
+        """API keys and origins for HTTP routes (which key, by fingerprint); refusals answer in OpenAI's error shape."""
         try:
-            self.access.check(request.headers, request.query_params, offered_protocols=[])
+            return self.access.check(request.headers, request.query_params, offered_protocols=[])
         except AccessDenied as exc:
             raise ApiError(exc.http_status, exc.message, code=exc.code) from None
 

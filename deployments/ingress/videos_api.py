@@ -50,9 +50,10 @@ POLL_AFTER_MS = "500"  # hint for the SDK's create_and_poll (`openai-poll-after-
 class VideosApi:
     """The ingress replica as the video routes see it: validation here, the rest asked of VideoJobs."""
 
-    def __init__(self, ingress) -> None:
+    def __init__(self, ingress, key_id: str | None = None) -> None:
         self.ingress = ingress
         self.config = ingress.config
+        self.key_id = key_id  # the caller's key (fingerprint): it sees and makes only its own jobs
 
     @property
     def jobs(self):
@@ -61,9 +62,9 @@ class VideosApi:
         return self.ingress.jobs
 
     async def ask(self, method: str, *args):
-        """One call to the VideoJobs replica, its refusals as HTTP errors."""
+        """One call to the VideoJobs replica on the caller's behalf (scoped to its key), its refusals as HTTP errors."""
         try:
-            return await getattr(self.jobs, method).remote(*args)
+            return await getattr(self.jobs, method).remote(*args, key_id=self.key_id)
         except JobsError as exc:  # Ray re-raises the replica's exception as a subclass of its type
             raise _from_jobs_error(exc) from None
         except (RayActorError, RayServeException) as exc:
@@ -101,7 +102,7 @@ class VideosApi:
 
     async def content(self, video_id: str, variant: str = VIDEO.name, headers: dict | None = None) -> StreamingResponse:
         size = await self.ask("content_size", video_id, variant)
-        chunks = self.jobs.options(stream=True).read_content.remote(video_id, variant)
+        chunks = self.jobs.options(stream=True).read_content.remote(video_id, variant, key_id=self.key_id)
         media_type = DOWNLOADS[variant].media_type
         return StreamingResponse(chunks, media_type=media_type, headers={"content-length": str(size), **(headers or {})})
 
@@ -109,8 +110,7 @@ class VideosApi:
 def _api(request: Request) -> VideosApi:
     """The ingress replica serving this request, after its API-key and origin checks (the same as /v1/models)."""
     ingress = serve.get_replica_context().servable_object
-    ingress.check_http(request)
-    return VideosApi(ingress)
+    return VideosApi(ingress, ingress.check_http(request).key_id)
 
 
 # -- routes ------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ async def create_video_sync(request: Request, api: VideosApi = Depends(_api)) ->
         record = await api.ask("wait", record.id, api.config.jobs_sync_timeout_s)
     except asyncio.CancelledError:
         # The caller went away: nobody will fetch this video, so free its slot.
-        api.jobs.delete.remote(record.id)
+        api.jobs.delete.remote(record.id, key_id=api.key_id)
         raise
     if record.status != COMPLETED:
         raise _unfinished(record)
@@ -210,6 +210,8 @@ def _from_jobs_error(exc: JobsError) -> ApiError:
         return videos.not_found(exc.message, param=exc.param)
     if exc.kind == JobsError.QUEUE_FULL:
         return videos.over_capacity(exc.message, exc.retry_after_s)
+    if exc.kind == JobsError.QUOTA:
+        return videos.quota_exceeded(exc.message, exc.param, exc.retry_after_s)
     if exc.kind == JobsError.NOT_READY:
         return ApiError(409, exc.message, param=exc.param, code="video_not_ready")
     return ApiError(500, exc.message, type=videos.SERVER_ERROR, code=exc.kind)

@@ -35,6 +35,7 @@ from deployments.jobs.records import (
     JobSpec,
     new_job_id,
     not_found,
+    visible,
 )
 from deployments.jobs.runner import JobFailed
 from deployments.jobs.store import JobStore
@@ -52,6 +53,10 @@ class JobSettings:
     expiry_s: float
     max_queued: int
     retry_after_s: float
+    # Per API key (a server without keys has no quotas); None: no limit.
+    max_in_flight_per_key: int | None = None  # queued + in progress
+    max_stored_per_key: int | None = None  # completed videos kept
+    max_stored_bytes_per_key: int | None = None  # their bytes (video and previews)
 
 
 class JobManager:
@@ -86,6 +91,7 @@ class JobManager:
 
     # -- asking ------------------------------------------------------------------------
     def create(self, spec: JobSpec, remixed_from: str | None = None) -> JobRecord:
+        self._check_quota(spec.key_id)
         if len(self._waiting) >= self.settings.max_queued:
             raise JobsError(
                 JobsError.QUEUE_FULL,
@@ -106,6 +112,7 @@ class JobManager:
             seed=request.seed,
             owner=self.owner,
             remixed_from_video_id=remixed_from,
+            key_id=spec.key_id,
         )
         self.store.insert(record, spec.recipe())
         self._waiting.add(record.id)
@@ -113,9 +120,24 @@ class JobManager:
         self._tasks[record.id] = asyncio.create_task(self._run(record.id, spec), name=f"video-job-{record.id}")
         return record
 
-    async def remix(self, source_id: str, prompt: str) -> JobRecord:
+    def _check_quota(self, key_id: str | None) -> None:
+        """A key at one of its limits gets a 429 naming it; a server without keys has none."""
+        if key_id is None:
+            return
+        limits = self.settings
+        if limits.max_in_flight_per_key is not None and self.store.count(QUEUED, IN_PROGRESS, key_id=key_id) >= limits.max_in_flight_per_key:
+            raise JobsError(JobsError.QUOTA, f"This API key has {limits.max_in_flight_per_key} videos queued or rendering, its limit; "
+                            "wait for one to finish.", retry_after_s=limits.retry_after_s, param="jobs_in_flight")
+        if limits.max_stored_per_key is not None and self.store.count(COMPLETED, key_id=key_id) >= limits.max_stored_per_key:
+            raise JobsError(JobsError.QUOTA, f"This API key stores {limits.max_stored_per_key} videos, its limit; delete some first.",
+                            param="stored_videos")
+        if limits.max_stored_bytes_per_key is not None and self.store.stored_bytes(key_id) >= limits.max_stored_bytes_per_key:
+            raise JobsError(JobsError.QUOTA, f"This API key's videos take {self.store.stored_bytes(key_id)} bytes, at or over its limit of "
+                            f"{limits.max_stored_bytes_per_key}; delete some first.", param="stored_bytes")
+
+    async def remix(self, source_id: str, prompt: str, key_id: str | None = None) -> JobRecord:
         """A new job rendering the completed job `source_id` again under `prompt` (its seed, size, actions, start image)."""
-        source = self.get(source_id)
+        source = self.get(source_id, key_id)
         if source.status != COMPLETED:
             raise JobsError(JobsError.NOT_READY, f"Video '{source_id}' can be remixed once it is completed; it is {source.status}.",
                             param="video_id")
@@ -130,18 +152,19 @@ class JobManager:
                 raise JobsError(JobsError.NOT_FOUND, f"The start image of video '{source_id}' is gone.", param="video_id")
         return self.create(recipe.remix(source, prompt, image), remixed_from=source_id)
 
-    def get(self, job_id: str) -> JobRecord:
+    def get(self, job_id: str, key_id: str | None = None) -> JobRecord:
+        """The job, if the caller's key may see it; another key's job is not found, exactly as a missing one."""
         record = self.store.get(job_id)
-        if record is None:
+        if record is None or not visible(record, key_id):
             raise not_found(job_id)
         return record
 
-    def page(self, limit: int, after: str | None = None, order: str = "desc") -> JobPage:
-        return self.store.page(limit, after, order)
+    def page(self, limit: int, after: str | None = None, order: str = "desc", key_id: str | None = None) -> JobPage:
+        return self.store.page(limit, after, order, key_id)
 
-    async def wait(self, job_id: str, timeout_s: float) -> JobRecord:
+    async def wait(self, job_id: str, timeout_s: float, key_id: str | None = None) -> JobRecord:
         """The job once it finished, or as it stands after `timeout_s`."""
-        record = self.get(job_id)
+        record = self.get(job_id, key_id)
         event = self._finished.get(job_id)
         if not record.finished and event is not None:
             try:
@@ -150,9 +173,9 @@ class JobManager:
                 pass
         return self.get(job_id)
 
-    async def delete(self, job_id: str) -> None:
+    async def delete(self, job_id: str, key_id: str | None = None) -> None:
         """Cancel the job if it runs (its session ends, its slot frees), then drop its record and video."""
-        self.get(job_id)
+        self.get(job_id, key_id)
         task = self._tasks.get(job_id)
         if task is not None:
             task.cancel()
@@ -161,8 +184,8 @@ class JobManager:
         self.store.delete(job_id)
         await asyncio.to_thread(self.content.delete, job_id)
 
-    async def content_size(self, job_id: str, asset: Asset = VIDEO) -> int:
-        record = self.get(job_id)
+    async def content_size(self, job_id: str, asset: Asset = VIDEO, key_id: str | None = None) -> int:
+        record = self.get(job_id, key_id)
         if record.status != COMPLETED:
             raise JobsError(JobsError.NOT_READY, f"Video '{job_id}' has no content: it is {record.status}.", param="video_id")
         size = await asyncio.to_thread(self.content.size, job_id, asset)
@@ -170,9 +193,9 @@ class JobManager:
             raise JobsError(JobsError.NOT_FOUND, f"Video '{job_id}' has no {asset.name}.", param="variant")
         return size
 
-    async def read_content(self, job_id: str, asset: Asset = VIDEO) -> Iterator[bytes]:
+    async def read_content(self, job_id: str, asset: Asset = VIDEO, key_id: str | None = None) -> Iterator[bytes]:
         """The asset's chunks; iterate them in a thread (each one reads the content store)."""
-        await self.content_size(job_id, asset)
+        await self.content_size(job_id, asset, key_id)
         return self.content.read(job_id, asset)
 
     def stats(self) -> dict:
@@ -225,9 +248,10 @@ class JobManager:
             if frames != result.frames:
                 logger.warning("video job %s: %d frames generated but %d remuxed", job_id, result.frames, frames)
             await asyncio.to_thread(write_previews, outputs[VIDEO], outputs[THUMBNAIL], outputs[SPRITESHEET])
+            size = 0
             for asset, path in outputs.items():  # the video last: whoever sees it finds its previews too
-                await asyncio.to_thread(self.content.put, job_id, path, asset)
-            self._finish(job_id, COMPLETED)
+                size += await asyncio.to_thread(self.content.put, job_id, path, asset)
+            self._finish(job_id, COMPLETED, size=size)
         except asyncio.CancelledError:
             raise  # deleted: the record goes with it
         except JobFailed as exc:
@@ -258,7 +282,7 @@ class JobManager:
         if event is not None:
             event.set()
 
-    def _finish(self, job_id: str, status: str, error: JobError | None = None) -> None:
-        if not self.store.finish(job_id, self.owner, status, self.settings.expiry_s, error):
+    def _finish(self, job_id: str, status: str, error: JobError | None = None, size: int = 0) -> None:
+        if not self.store.finish(job_id, self.owner, status, self.settings.expiry_s, error, size):
             # Deleted meanwhile, or a newer owner took it over: the video is nobody's.
             self.content.delete(job_id)

@@ -42,6 +42,7 @@ class JobSpec:
     num_frames: int
     # Keyboard actions, one key set per latent frame, submitted as one interaction when the session opens.
     actions: tuple[tuple[str, ...], ...] | None = None
+    key_id: str | None = None  # the API key that asked (its fingerprint; None on a server without keys)
 
     @property
     def num_blocks(self) -> int:
@@ -101,7 +102,7 @@ class Recipe:
             flow_shift=self.flow_shift,
             image=image,
         )
-        return JobSpec(request, source.model, source.seconds, source.size, source.num_frames, self.actions)
+        return JobSpec(request, source.model, source.seconds, source.size, source.num_frames, self.actions, source.key_id)
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,8 @@ class JobRecord:
     error: JobError | None = None
     owner: str = ""  # the VideoJobs replica that runs (or ran) it
     remixed_from_video_id: str | None = None
+    key_id: str | None = None  # the API key it belongs to (a fingerprint, never the key); None: a server without keys
+    bytes: int = 0  # what its video and previews take in the content store, once completed
 
     @property
     def finished(self) -> bool:
@@ -146,6 +149,7 @@ class JobsError(Exception):
     NOT_FOUND = "not_found"
     NOT_READY = "not_ready"  # no content (yet)
     QUEUE_FULL = "queue_full"
+    QUOTA = "quota"  # the key holds as many jobs or stored videos as it may
 
     def __init__(self, kind: str, message: str, retry_after_s: float | None = None, param: str | None = None) -> None:
         super().__init__(message)
@@ -157,6 +161,11 @@ class JobsError(Exception):
     def __reduce__(self):
         # Ray pickles exceptions raised in a replica; keep every field across the trip.
         return (type(self), (self.kind, self.message, self.retry_after_s, self.param))
+
+
+def visible(record: JobRecord, key_id: str | None) -> bool:
+    """Whether a caller with `key_id` may see `record`: every job on a server without keys, else only its key's."""
+    return key_id is None or record.key_id == key_id
 
 
 def not_found(job_id: str, param: str | None = None) -> JobsError:

@@ -92,6 +92,12 @@ def over_capacity(message: str, retry_after_s: float) -> ApiError:
     return ApiError(503, message, type=SERVER_ERROR, code=OVER_CAPACITY, retry_after_s=retry_after_s)
 
 
+def quota_exceeded(message: str, limit: str | None, retry_after_s: float | None = None) -> ApiError:
+    """A per-key limit reached: 429 in OpenAI's shape (`insufficient_quota`), the code naming the limit."""
+    return ApiError(429, message, type="insufficient_quota", code=f"{limit}_limit" if limit else "insufficient_quota",
+                    retry_after_s=retry_after_s)
+
+
 def from_protocol_error(exc: ProtocolError, image_field: str = "image_reference") -> ApiError:
     """A `session.start` validation error as an HTTP 400 (413 when too large), naming the field it is about."""
     if exc.code == MESSAGE_TOO_LARGE:
