@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -145,6 +146,16 @@ def image_server():
                 self.end_headers()
                 for _ in range(64):
                     self.wfile.write(b"\0" * 4096)
+            elif self.path == "/slow":  # headers at once, then a byte now and then: only a total deadline ends it
+                self.send_response(200)
+                self.end_headers()
+                for _ in range(40):
+                    try:
+                        self.wfile.write(b"\0")
+                        self.wfile.flush()
+                    except OSError:
+                        return
+                    time.sleep(0.25)
             elif self.path == "/redirect":
                 self.send_response(302)
                 self.send_header("Location", "/a.png")
@@ -188,6 +199,22 @@ def test_remote_image_rules(image_server):
     assert "HTTP 404" in refusal(f"{image_server}/missing", **allowed)
     assert "more than the limit of 1000 bytes" in refusal(f"{image_server}/big", max_bytes=1000, **allowed)
     assert "more than the limit of 10 bytes" in refusal(f"{image_server}/a.png", max_bytes=10, **allowed)
+
+
+@pytest.mark.timeout(60)
+def test_odd_address_forms_slow_answers_and_environment_proxies(image_server, monkeypatch):
+    port = image_server.rsplit(":", 1)[1]
+    # Short, unspecified and IPv4-mapped forms of loopback are loopback: refused as literals or once resolved.
+    for host in ("127.1", "0.0.0.0", "[::ffff:127.0.0.1]", "2130706433"):
+        plain = host.strip("[]")
+        assert "non-public address" in refusal(f"http://{host}:{port}/a.png", allowed_hosts=(plain,)), host
+    # A response that never ends is cut at the total deadline, however steadily it trickles.
+    assert "fetching failed" in refusal(f"{image_server}/slow", allowed_hosts=("127.0.0.1",), allow_private_networks=True, timeout_s=1.0)
+    # Proxies named in the environment are not used: the fetch goes where the policy checked, or nowhere.
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    assert fetch(f"{image_server}/a.png", allowed_hosts=("127.0.0.1",), allow_private_networks=True) == _png()
 
 
 def test_host_patterns_and_public_addresses():

@@ -69,6 +69,7 @@ def run_script(name: str, base_url: str) -> dict:
 @pytest.mark.timeout(240)
 def test_player_plays_the_stream_and_sends_the_keyboard(base_url):
     r = run_script("player", base_url)
+    assert r["url_after_load"].endswith("/?debug=1") and r["kept_key"] == "page-key-123" and r["referrer_policy"] == "no-referrer"
     # The codecs string came from the stream's init segment (avcC: Constrained Baseline, level by size).
     assert re.fullmatch(r"avc1\.42C0[0-9A-F]{2}", r["codec"]), r["codec"]
     # Media Source Extensions decoded frames and the playhead moved, with no media error.

@@ -66,6 +66,12 @@ def test_records_round_trip_and_survive_a_new_connection(tmp_path, store, clock)
     again.close()
 
 
+def test_the_database_is_durable_on_commit(store):
+    # WAL, and every commit synced (synchronous FULL = 2): a crash right after an answer loses nothing.
+    assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2
+
+
 def test_finish_sets_progress_and_expiry_and_keeps_the_error(store, clock):
     store.insert(record("video_ok"))
     store.insert(record("video_bad"))

@@ -467,6 +467,15 @@ def test_decompression_bombs_are_refused_from_the_header(size):
     assert "limit of" in err.message
 
 
+@pytest.mark.parametrize(("fmt", "mime"), [("JPEG", "image/jpeg"), ("WEBP", "image/webp"), ("PNG", "image/png")])
+def test_small_files_that_decode_huge_are_refused_in_every_format(fmt, mime):
+    buf = io.BytesIO()
+    Image.new("RGB", (4200, 4200), (90, 120, 30)).save(buf, format=fmt)  # 17.6 million pixels, one colour
+    assert len(buf.getvalue()) < 1_000_000  # small on the wire: a bomb
+    err = resolve_error(image_reference={"image_url": f"data:{mime};base64," + base64.b64encode(buf.getvalue()).decode()})
+    assert "the image is 4200x4200, more than the limit of 16777216 pixels" in err.message, err.message
+
+
 def test_image_pixel_limit_is_configurable():
     with pytest.raises(ProtocolError, match="more than the limit of 10 pixels"):
         decode_image_data_url(data_url(png_bytes(6, 4)), max_pixels=10)

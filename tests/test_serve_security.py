@@ -165,6 +165,50 @@ def test_http_routes_need_the_key_too(address):
         assert json.loads(response.read())["object"] == "list"
 
 
+def test_the_api_schema_and_docs_need_the_key_and_the_public_routes_say_nothing_private(address):
+    base = f"http://{address}{PREFIX}"
+    for path in ("/openapi.json", "/docs", "/redoc"):
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(base + path, timeout=30)
+        assert info.value.code == (404 if path == "/redoc" else 401), path
+    with urllib.request.urlopen(urllib.request.Request(base + "/openapi.json", headers=BEARER), timeout=30) as response:
+        schema = json.loads(response.read())
+    assert "/v1/videos" in schema["paths"] and "/docs" not in schema["paths"]
+    with urllib.request.urlopen(f"{base}/docs?api_key={KEY}", timeout=30) as response:
+        page = response.read().decode()
+    assert f"openapi.json?api_key={KEY}" in page  # the page fetches the schema with the key it was given
+    # Public by design: the pages and their scripts (no data in them; they take the key in their own URL), and health.
+    for path in ("/", "/chat", "/static/player.js", "/healthz"):
+        with urllib.request.urlopen(base + path, timeout=30) as response:
+            body = response.read().decode()
+        assert response.status == 200 and KEY not in body, path
+
+
+def test_keys_never_reach_the_logs(address):
+    """Keys sent every way (header, subprotocol, query string on HTTP and WebSocket routes) appear in no log file."""
+    import pathlib
+
+    import ray
+
+    secret = {"Authorization": f"Bearer {KEY}"}
+    for url in (f"http://{address}{PREFIX}/v1/models?api_key={KEY}", f"http://{address}{PREFIX}/docs?api_key={KEY}"):
+        urllib.request.urlopen(url, timeout=30).read()
+    urllib.request.urlopen(urllib.request.Request(f"http://{address}{PREFIX}/v1/models", headers=secret), timeout=30).read()
+
+    async def sessions():
+        for kwargs, path in (({}, VIDEO + f"?api_key={KEY}"), ({"subprotocols": ["realtime", f"openai-insecure-api-key.{KEY}"]}, VIDEO)):
+            await short_session(await connect(address, path, **kwargs))
+        await run_to_end(await connect(address, VIDEO + "?api_key=wrong-" + KEY), Transcript())  # refused keys neither
+
+    run(sessions())
+    time.sleep(2.0)  # let the replicas and the proxy flush their logs
+    logs = pathlib.Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+    files = [p for p in logs.rglob("*") if p.is_file()]
+    assert any(b"/v1/models" in p.read_bytes() for p in files)  # the access logs are there, and were read
+    leaked = [str(p) for p in files if KEY.encode() in p.read_bytes()]
+    assert not leaked, leaked
+
+
 # -- rates and bounds ------------------------------------------------------------------------
 def test_a_message_flood_is_rate_limited_and_the_session_goes_on(address):
     async def go():

@@ -226,6 +226,18 @@ def test_each_key_sees_and_touches_only_its_own_videos(client, served):
     other.videos.delete(theirs.id)
 
 
+def test_job_ids_that_are_paths_or_sql_are_not_found(served):
+    for video_id in ("..%2F..%2Fetc%2Fpasswd", "video_%2E%2E%2F%2E%2E%2Fjobs.db", "video_'%20OR%20'1'='1", "video_" + "0" * 31 + "g",
+                     "VIDEO_" + "0" * 32, "video_" + "0" * 32 + "%00"):
+        for suffix in ("", "/content"):
+            status, _, body = http("GET", f"{served.base}/v1/videos/{video_id}{suffix}")
+            assert status == 404, (video_id, suffix, body)
+            if suffix or "%2F" not in video_id:  # an encoded slash may end the route early: Starlette's own 404 then
+                assert json.loads(body)["error"]["code"] in (None, "not_found", "unsupported_operation"), body
+    status, _, body = http("GET", f"{served.base}/v1/videos?after=video_'%20OR%201=1--")
+    assert status == 404 and "No video found" in json.loads(body)["error"]["message"]
+
+
 def test_list_newest_first_with_pages(client):
     # Earlier tests' jobs (a remix among them) may still hold the one queue place under load: let them finish.
     assert wait_for(lambda: all(v.status not in ("queued", "in_progress") for v in client.videos.list(limit=100).data), 120)

@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -25,7 +26,8 @@ from deployments.protocol.videos import ApiError
 
 WEB = Path(__file__).resolve().parents[2] / "clients" / "web"
 
-app = FastAPI(title="realtime-video")
+# The API's schema and its docs page pass the key check like every data route (see the routes below).
+app = FastAPI(title="realtime-video", docs_url=None, redoc_url=None, openapi_url=None)
 # The pages' scripts and styles; the pages themselves answer at / and /chat.
 app.mount("/static", StaticFiles(directory=WEB, check_dir=False), name="static")
 install_videos_api(app)  # /v1/videos: OpenAI's Videos API (deployments/ingress/videos_api.py)
@@ -59,6 +61,18 @@ class VideoIngress:
     @app.get("/chat")
     async def chat_page(self) -> FileResponse:
         return FileResponse(WEB / "chat.html")
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_schema(self, request: Request) -> JSONResponse:
+        self.check_http(request)
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    async def api_docs(self, request: Request) -> HTMLResponse:
+        self.check_http(request)
+        # Relative, so it works under any route prefix; a key given as ?api_key= goes along to the schema.
+        query = f"?{request.url.query}" if request.url.query else ""
+        return get_swagger_ui_html(openapi_url=f"openapi.json{query}", title="realtime-video API")
 
     @app.get("/healthz")
     async def healthz(self) -> JSONResponse:

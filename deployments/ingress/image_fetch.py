@@ -61,12 +61,17 @@ def public_address(address: str) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
-def _is_ip(host: str) -> bool:
+def address_literal(host: str) -> str | None:
+    """The address `host` names when it is an address literal, in canonical form: IPv6, dotted quads, and the
+    forms C resolvers also read as IPv4 (`127.1`, `2130706433`, `0x7f.1`), which a check of the name alone misses."""
     try:
-        ipaddress.ip_address(host)
+        return str(ipaddress.ip_address(host))
     except ValueError:
-        return False
-    return True
+        pass
+    try:
+        return socket.inet_ntoa(socket.inet_aton(host))
+    except OSError:
+        return None
 
 
 def _refuse(why: str):
@@ -85,9 +90,12 @@ async def fetch_image(url: str, policy: FetchPolicy) -> bytes:
         raise _refuse("remote URLs are not fetched by this server; send a data:image/...;base64 URL")
     if not policy.host_allowed(host):
         raise _refuse(f"host {host!r} is not on this server's allow-list")
-    if _is_ip(host) and not policy.allow_private_networks and not public_address(host):
+    literal = address_literal(host)
+    if literal is not None and not policy.allow_private_networks and not public_address(literal):
         # aiohttp does not resolve an address literal, so the resolver's check would not see it.
-        raise _refuse(f"host {host!r} is a non-public address")
+        raise _refuse(f"host {host!r} is a non-public address ({literal})")
+    if literal is not None and ipaddress.ip_address(literal).version == 4 and literal != host:
+        raise _refuse(f"host {host!r}: write an IPv4 address as four decimal numbers ({literal})")
 
     connector = aiohttp.TCPConnector(resolver=_CheckedResolver(policy.allow_private_networks), use_dns_cache=False)
     timeout = aiohttp.ClientTimeout(total=policy.timeout_s)

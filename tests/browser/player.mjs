@@ -12,7 +12,11 @@ const playback = (page) =>
   });
 
 await run(outDir, "player", [], async (page, result) => {
-  await page.goto(`${url}/`);
+  await page.goto(`${url}/?api_key=page-key-123&debug=1`);
+  // The key leaves the address bar (and so the history) at once, kept for this tab; no referrer goes out.
+  result.url_after_load = page.url();
+  result.kept_key = await page.evaluate(() => sessionStorage.getItem("rtv_api_key"));
+  result.referrer_policy = await page.getAttribute('meta[name="referrer"]', "content");
   await page.fill("#prompt", "a lighthouse at dawn");
   await page.click("#start");
 
