@@ -36,7 +36,6 @@ from typing import Any, Union
 
 from clients.sdk.connection import WebSocketClient, connect_kwargs, open_websocket
 from clients.sdk.errors import ClientConnectionError, ClientError, ClientInputError, ClientProtocolError, ServerError, SessionEndedError
-from deployments.contract.keys import KEYS
 from deployments.contract.timeline import (
     FRAMES_PER_BLOCK,
     TEMPORAL_FACTOR,
@@ -368,19 +367,17 @@ def video_url(url: str) -> str:
     return f"{scheme}://{host}{path}"
 
 
-def check_actions(actions: Sequence[Sequence[str]]) -> list[list[str]]:
-    """Per-latent-frame key lists, as JSON lists; raises ClientInputError on an unknown key."""
-    if isinstance(actions, (str, bytes)) or not isinstance(actions, Sequence) or not actions:
-        raise ClientInputError("actions must be a non-empty list of per-latent-frame key lists")
-    out = []
-    for i, frame in enumerate(actions):
-        if isinstance(frame, (str, bytes)) or not isinstance(frame, Sequence):
-            raise ClientInputError(f"actions[{i}] must be a list of keys")
-        for key in frame:
-            if key not in KEYS:
-                raise ClientInputError(f"actions[{i}] has unknown key {key!r}; keys are {' '.join(sorted(KEYS))}")
-        out.append(list(frame))
-    return out
+def _as_the_server_reads_it(message: dict, parser: str) -> dict:
+    """Check a built message with the server's own parser (deployments/protocol): one set of rules at both ends,
+    so a message the SDK lets through is one the server takes, and its refusal reads the same."""
+    from deployments.protocol import video as wire  # on use: it imports numpy
+    from deployments.protocol.errors import ProtocolError
+
+    try:
+        getattr(wire, parser)(json.dumps(message))
+    except ProtocolError as exc:
+        raise ClientInputError(exc.message) from None
+    return message
 
 
 def session_start_message(
@@ -405,8 +402,6 @@ def session_start_message(
     (`fps`, `num_inference_steps`, `extra_params`, ...) and wins over the rest.
     Raises ClientInputError.
     """
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ClientInputError("prompt must be a non-blank string")
     message: dict[str, Any] = {"type": "session.start", "prompt": prompt}
     if num_frames is not None and blocks is not None:
         raise ClientInputError("give num_frames or blocks, not both")
@@ -414,32 +409,19 @@ def session_start_message(
         if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
             raise ClientInputError(f"blocks must be a positive integer, got {blocks!r}")
         num_frames = frames_for_blocks(blocks, frames_per_block, temporal_factor)
-    if num_frames is not None:
-        if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 1:
-            raise ClientInputError(f"num_frames must be a positive integer, got {num_frames!r}")
-        message["num_frames"] = num_frames
-    if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ClientInputError(f"seed must be a non-negative integer, got {seed!r}")
-        message["seed"] = seed
-    if size is not None:
-        message["size"] = size
     if (width is None) != (height is None):
         raise ClientInputError("width and height must be given together")
-    if width is not None:
-        for name, value in (("width", width), ("height", height)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ClientInputError(f"{name} must be a positive integer, got {value!r}")
-        message["width"], message["height"] = width, height
     if image is not None and image_reference_url is not None:
         raise ClientInputError("give image or image_reference_url, not both")
+    fields = {"num_frames": num_frames, "seed": seed, "size": size, "width": width, "height": height}
+    message.update({name: value for name, value in fields.items() if value is not None})
     if image is not None:
         message["image_reference"] = image_reference(image)
     elif image_reference_url is not None:
         message["image_reference"] = {"image_url": image_reference_url}
     if extra:
         message.update({k: v for k, v in extra.items() if k != "type"})
-    return message
+    return _as_the_server_reads_it(message, "parse_session_start")
 
 
 def interaction_message(
@@ -455,30 +437,16 @@ def interaction_message(
     `actions` one list of keys per latent frame. Raises ClientInputError."""
     if prompt is None and camera is None and actions is None:
         raise ClientInputError("an interaction needs a prompt, a camera command or actions")
-    if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
-        raise ClientInputError("interaction prompt must be a non-blank string")
-    if event_id is None:
-        event_id = uuid.uuid4().hex
-    elif not isinstance(event_id, str) or not event_id:
-        raise ClientInputError("event_id must be a non-empty string")
-    event: dict[str, Any] = {}
-    if prompt is not None:
-        event["prompt"] = prompt
-    media: dict[str, Any] = {}
-    if camera is not None:
-        if not isinstance(camera, dict) or camera.get("mode") not in ("target", "velocity"):
-            raise ClientInputError('camera must be {"mode": "target"|"velocity", "data": {"translation": [x, y, z], "rotation": [x, y, z, w]}}')
-        media["camera"] = camera
-    if actions is not None:
-        media["actions"] = check_actions(actions)
+    event: dict[str, Any] = {} if prompt is None else {"prompt": prompt}
+    media = {name: value for name, value in (("camera", camera), ("actions", actions)) if value is not None}
+    if actions is not None and not isinstance(actions, (str, bytes)) and isinstance(actions, Sequence):
+        media["actions"] = [list(frame) if isinstance(frame, (list, tuple)) else frame for frame in actions]
     if media:
         event["multi_modal_data"] = media
-    body: dict[str, Any] = {"event_id": event_id, "event": event}
+    body: dict[str, Any] = {"event_id": uuid.uuid4().hex if event_id is None else event_id, "event": event}
     if transition_chunks is not None:
-        if isinstance(transition_chunks, bool) or not isinstance(transition_chunks, int) or transition_chunks < 0:
-            raise ClientInputError(f"transition_chunks must be an integer >= 0, got {transition_chunks!r}")
         body["transition_chunks"] = transition_chunks
-    return {"type": "session.interaction", "interaction": body}
+    return _as_the_server_reads_it({"type": "session.interaction", "interaction": body}, "parse_control_message")
 
 
 def _positive_int(value: Any) -> int | None:
