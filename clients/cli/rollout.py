@@ -21,7 +21,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable
 
 from clients.sdk.connection import one_line as _one_line
@@ -333,7 +332,7 @@ def run_rollout(plan: RolloutPlan, log: Callable[[str], None] | None = None, eng
     if engine is None:
         followers = _Followers(plan)
         try:
-            engine = load_engine(plan, rank=0, followers=followers)
+            engine = load_engine(plan, rank=0, init_method=followers.init_method)
         except BaseException:
             followers.stop(finished=False)
             raise
@@ -411,8 +410,9 @@ def _lead(plan: RolloutPlan, engine, log: Callable[[str], None], t_start: float)
     return summary
 
 
-def load_engine(plan: RolloutPlan, rank: int = 0, followers: "_Followers | None" = None):
-    """The plan's engine on this rank (rank r of a tensor-parallel rollout sits on cuda:r, or the CPU with gloo)."""
+def load_engine(plan: RolloutPlan, rank: int = 0, init_method: str | None = None):
+    """The plan's engine on this rank (rank r of a tensor-parallel rollout sits on cuda:r, or the CPU with gloo; the
+    ranks meet at `init_method`)."""
     import torch
 
     from deployments.generation.engine import WorldModelEngine
@@ -428,7 +428,7 @@ def load_engine(plan: RolloutPlan, rank: int = 0, followers: "_Followers | None"
         if kind == "cuda":
             device = f"cuda:{rank}"
             torch.cuda.set_device(device)
-        tp = TensorParallel.initialize(rank, plan.tensor_parallel_size, followers.init_method, device_type=kind, timeout=TP_TIMEOUT)
+        tp = TensorParallel.initialize(rank, plan.tensor_parallel_size, init_method, device_type=kind, timeout=TP_TIMEOUT)
     if plan.gpu_memory_fraction is not None:
         torch.cuda.set_per_process_memory_fraction(plan.gpu_memory_fraction, torch.device(device))
     try:
@@ -494,7 +494,7 @@ def _follow(plan: RolloutPlan, rank: int, init_method: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // plan.tensor_parallel_size))
-    engine = load_engine(plan, rank, followers=SimpleNamespace(init_method=init_method))
+    engine = load_engine(plan, rank, init_method)
     session = _open(engine, plan)
     try:
         for _ in _blocks(engine, session, plan):

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from clients.sdk.connection import WebSocketClient, connect_kwargs, open_websocket
+from clients.sdk.connection import WebSocketClient, connect_kwargs, endpoint_url, open_websocket, short
 from clients.sdk.errors import ClientConnectionError, ClientError, ClientInputError, ClientProtocolError, ClientTimeoutError, ServerError, SessionEndedError
 from clients.sdk.connection import one_line as _one_line
 
@@ -330,22 +330,7 @@ class ChatResult:
 # =====================================================================================
 def chat_url(url: str) -> str:
     """`ws://host:port` (or http://, or a full endpoint URL) -> the `/v1/video/chat/stream` endpoint URL."""
-    if not isinstance(url, str) or not url.strip():
-        raise ClientInputError("the server URL must be a non-empty string like ws://127.0.0.1:8000")
-    url = url.strip()
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise ClientInputError(f"server URL {url!r} has no scheme: use ws://HOST:PORT (or wss://)")
-    scheme = {"http": "ws", "https": "wss"}.get(scheme.lower(), scheme.lower())
-    if scheme not in ("ws", "wss"):
-        raise ClientInputError(f"server URL {url!r}: scheme must be ws:// or wss://")
-    host, slash, path = rest.partition("/")
-    if not host:
-        raise ClientInputError(f"server URL {url!r} has no host")
-    path = "/" + path if slash else ""
-    if path in ("", "/"):
-        path = PATH
-    return f"{scheme}://{host}{path}"
+    return endpoint_url(url, PATH)
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -413,13 +398,6 @@ def encode_jpeg(image: Any, quality: int = DEFAULT_JPEG_QUALITY) -> bytes:
     out = io.BytesIO()
     image.save(out, format="JPEG", quality=quality)
     return out.getvalue()
-
-
-def _short(value: Any, limit: int = 160) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -749,7 +727,7 @@ class ChatStreamClient(WebSocketClient):
                     except ValueError:
                         data = None
                     if not isinstance(data, dict):
-                        self._result.protocol_error = f"server sent a text message that is not a JSON object: {_short(raw)}"
+                        self._result.protocol_error = f"server sent a text message that is not a JSON object: {short(raw)}"
                         await ws.close(1002)
                         break
                     event = self._dispatch(data, now)
@@ -833,7 +811,7 @@ class ChatStreamClient(WebSocketClient):
             message = data.get("message")
             code = data.get("code")
             error = ServerError(
-                message=message if isinstance(message, str) else _short(data),
+                message=message if isinstance(message, str) else short(data),
                 code=code if isinstance(code, str) else None,
                 received_at=now,
                 request_id=data.get("request_id") if isinstance(data.get("request_id"), str) else None,

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
+
+from clients.sdk.errors import ClientInputError
 
 API_KEY_ENV = "RTV_API_KEY"
 
@@ -12,6 +15,31 @@ API_KEY_ENV = "RTV_API_KEY"
 def one_line(text: object) -> str:
     """A message for one line of a terminal: whitespace runs folded."""
     return " ".join(str(text).split())
+
+
+def short(value: object, limit: int = 160) -> str:
+    """A value for an error message: as JSON when it is not text, cut at `limit` characters."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def endpoint_url(url: str, path: str) -> str:
+    """`ws://host:port` (or http(s)://, or a full endpoint URL) -> the endpoint's ws(s) URL, `path` when none is given;
+    raises ClientInputError."""
+    if not isinstance(url, str) or not url.strip():
+        raise ClientInputError("the server URL must be a non-empty string like ws://127.0.0.1:8000")
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ClientInputError(f"server URL {url!r} has no scheme: use ws://HOST:PORT (or wss://)")
+    scheme = {"http": "ws", "https": "wss"}.get(scheme.lower(), scheme.lower())
+    if scheme not in ("ws", "wss"):
+        raise ClientInputError(f"server URL {url!r}: scheme must be ws:// or wss://")
+    host, slash, rest_path = rest.partition("/")
+    if not host:
+        raise ClientInputError(f"server URL {url!r} has no host")
+    given = "/" + rest_path if slash else ""
+    return f"{scheme}://{host}{given if given not in ('', '/') else path}"
 
 
 def connect_kwargs(open_timeout: float, max_size: int | None, ping_interval: float | None, ping_timeout: float | None, close_timeout: float, additional_headers: dict | None) -> dict:

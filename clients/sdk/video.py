@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from clients.sdk.connection import WebSocketClient, connect_kwargs, open_websocket
+from clients.sdk.connection import WebSocketClient, connect_kwargs, endpoint_url, open_websocket, short
 from clients.sdk.errors import ClientConnectionError, ClientError, ClientInputError, ClientProtocolError, ServerError, SessionEndedError
 from deployments.contract.timeline import (
     FRAMES_PER_BLOCK,
@@ -348,23 +348,7 @@ def image_reference(path_or_url: str | os.PathLike) -> dict:
 
 def video_url(url: str) -> str:
     """`ws://host:port` (or http://, or a full endpoint URL) -> the `/v1/realtime/video` endpoint URL."""
-    if not isinstance(url, str) or not url.strip():
-        raise ClientInputError("the server URL must be a non-empty string like ws://127.0.0.1:8000")
-    url = url.strip()
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise ClientInputError(f"server URL {url!r} has no scheme: use ws://HOST:PORT (or wss://)")
-    scheme = scheme.lower()
-    scheme = {"http": "ws", "https": "wss"}.get(scheme, scheme)
-    if scheme not in ("ws", "wss"):
-        raise ClientInputError(f"server URL {url!r}: scheme must be ws:// or wss://")
-    host, slash, path = rest.partition("/")
-    if not host:
-        raise ClientInputError(f"server URL {url!r} has no host")
-    path = "/" + path if slash else ""
-    if path in ("", "/"):
-        path = PATH
-    return f"{scheme}://{host}{path}"
+    return endpoint_url(url, PATH)
 
 
 def _as_the_server_reads_it(message: dict, parser: str) -> dict:
@@ -457,7 +441,7 @@ def parse_video_start(data: dict, received_at: float) -> VideoStart:
     """`video.start` -> VideoStart. Geometry (latent frames per block, temporal factor, pipeline depth)
     is read from the `generation` object our server adds; other servers get the defaults."""
     if not isinstance(data.get("request_id"), str):
-        raise ClientProtocolError(f"video.start without a request_id string: {_short(data)}")
+        raise ClientProtocolError(f"video.start without a request_id string: {short(data)}")
     config = data.get("config") if isinstance(data.get("config"), dict) else {}
     generation = data.get("generation") if isinstance(data.get("generation"), dict) else {}
     fpb = _positive_int(generation.get("frames_per_block"))
@@ -484,7 +468,7 @@ def parse_chunk_metadata(data: dict) -> ChunkMetadata:
     def ids(name: str) -> tuple[str, ...]:
         value = data.get(name) or []
         if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-            raise ClientProtocolError(f"video.chunk_metadata {name} must be a list of strings: {_short(data)}")
+            raise ClientProtocolError(f"video.chunk_metadata {name} must be a list of strings: {short(data)}")
         return tuple(value)
 
     kind = data.get("kind")
@@ -512,13 +496,6 @@ def parse_chunk_metadata(data: dict) -> ChunkMetadata:
         raw=data,
         fragment_frames=data.get("fragment_frames", data["num_frames"]),
     )
-
-
-def _short(value: Any, limit: int = 160) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 
 
 # =====================================================================================
@@ -688,14 +665,14 @@ class VideoStreamClient(WebSocketClient):
             try:
                 data = json.loads(raw)
             except ValueError:
-                raise ClientProtocolError(f"server sent a text message that is not JSON: {_short(raw)}") from None
+                raise ClientProtocolError(f"server sent a text message that is not JSON: {short(raw)}") from None
             if not isinstance(data, dict):
-                raise ClientProtocolError(f"server sent a JSON {type(data).__name__}, not an object: {_short(raw)}")
+                raise ClientProtocolError(f"server sent a JSON {type(data).__name__}, not an object: {short(raw)}")
             kind = data.get("type")
             if self._pending is not None:
                 raise ClientProtocolError(
                     f"video.chunk_metadata (transport_chunk_index {self._pending.transport_chunk_index}) was followed by "
-                    f"a {_short(str(kind), 60)!r} message instead of its binary frame"
+                    f"a {short(str(kind), 60)!r} message instead of its binary frame"
                 )
             if kind == "video.chunk_metadata":
                 metadata = parse_chunk_metadata(data)
@@ -743,7 +720,7 @@ class VideoStreamClient(WebSocketClient):
         if kind == "error":
             message = data.get("message")
             event = ServerError(
-                message=message if isinstance(message, str) else _short(data),
+                message=message if isinstance(message, str) else short(data),
                 code=data.get("code") if isinstance(data.get("code"), str) else None,
                 received_at=now,
                 request_id=data.get("request_id"),
