@@ -131,8 +131,9 @@ class JobManager:
         if limits.max_stored_per_key is not None and self.store.count(COMPLETED, key_id=key_id) >= limits.max_stored_per_key:
             raise JobsError(JobsError.QUOTA, f"This API key stores {limits.max_stored_per_key} videos, its limit; delete some first.",
                             param="stored_videos")
-        if limits.max_stored_bytes_per_key is not None and self.store.stored_bytes(key_id) >= limits.max_stored_bytes_per_key:
-            raise JobsError(JobsError.QUOTA, f"This API key's videos take {self.store.stored_bytes(key_id)} bytes, at or over its limit of "
+        stored = self.store.stored_bytes(key_id) if limits.max_stored_bytes_per_key is not None else 0
+        if limits.max_stored_bytes_per_key is not None and stored >= limits.max_stored_bytes_per_key:
+            raise JobsError(JobsError.QUOTA, f"This API key's videos take {stored} bytes, at or over its limit of "
                             f"{limits.max_stored_bytes_per_key}; delete some first.", param="stored_bytes")
 
     async def remix(self, source_id: str, prompt: str, key_id: str | None = None) -> JobRecord:
