@@ -72,6 +72,7 @@ def test_the_installed_model_is_the_shipped_one(builtin_dirs) -> None:
         assert config["num_frames_per_block"] == 3 and config["patch_size"] == [1, 2, 2]
         assert config["in_channels"] == 36 and config["last_frame_condition"]
         assert config["start_image"] == name.endswith("i2v")
+        assert config["last_frame_reprojection"] == 1.0  # the procedural world's eye height
         adapter = json.loads((builtin_dirs[name] / "camera_adapter" / "config.json").read_text())
         assert adapter["rest_relative"] and adapter["patch_size"] == [1, 2, 2]
         vae = json.loads((builtin_dirs[name] / "vae" / "config.json").read_text())

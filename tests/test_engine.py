@@ -298,6 +298,47 @@ def test_last_frame_image_model_starts_from_the_image_at_distance_zero(last_fram
         engine.open_session(cfg())
 
 
+def test_a_reprojecting_model_gives_each_frame_the_last_frame_as_its_pose_sees_it(tmp_path):
+    """With `last_frame_reprojection`, a camera turning right sees the given frame's content further left
+    on each frame of the block; a camera at rest sees the frame as it is."""
+    from deployments.contract.events import Interaction
+    from deployments.models.tiny_world_model import WorldModelSpec, make_world_model
+
+    engine = WorldModelEngine.from_pretrained(
+        make_world_model(tmp_path / "reproject", WorldModelSpec(last_frame_condition=True, last_frame_reprojection=1.0)))
+    assert engine.reprojection_ground_depth == 1.0
+    session = engine.open_session(cfg())
+    conditions_seen(engine, session, 1)
+    b, z, _, h, w = session.last_latent.shape
+    ramp = torch.arange(w, dtype=session.last_latent.dtype).expand(b, z, 1, h, w).clone()  # value = column
+    session.last_latent = ramp.clone()
+    (_, still), = conditions_seen(engine, session, 1)
+    torch.testing.assert_close(still[:, 4:], ramp.expand(-1, -1, 3, -1, -1))
+    session.last_latent = ramp.clone()
+    session.submit(Interaction(event_id="turn", actions=(("l",),) * 3))
+    (_, turning), = conditions_seen(engine, session, 1)
+    inner = turning[:, 4:, :, :, 2:-2]  # away from the edge the view brings in
+    shift = (inner - ramp[:, :, :, :, 2:-2]).mean(dim=(0, 1, 3, 4))
+    assert (shift > 0).all() and (shift.diff() > 0).all(), shift  # content comes from further right, more each frame
+    session.close()
+
+
+def test_a_bad_reprojection_key_is_refused(last_frame_dirs, tmp_path):
+    from deployments.generation.geometry import read_traits
+
+    bad = tmp_path / "bad"
+    shutil.copytree(last_frame_dirs[False], bad)
+    config_path = bad / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    for value in (-1.0, 0, True, "1.0"):
+        config_path.write_text(json.dumps(config | {"last_frame_reprojection": value}))
+        with pytest.raises(CheckpointError, match="last_frame_reprojection must be the ground's depth"):
+            read_traits(bad)
+    config_path.write_text(json.dumps(config | {"last_frame_reprojection": 1.0, "last_frame_condition": False}))
+    with pytest.raises(CheckpointError, match="last_frame_reprojection needs last_frame_condition"):
+        read_traits(bad)
+
+
 def test_a_last_frame_key_on_the_wrong_channels_is_refused(world_model_dir, tmp_path):
     from deployments.generation.geometry import read_traits
 

@@ -1,4 +1,9 @@
-"""Faults with real processes: refused interactions, stalls, a dead ingress, a dead replica, a downscale."""
+"""Faults with real processes: refused interactions, stalls, a dead ingress, a dead replica, a downscale.
+
+The tests on the module's shared app run twice: on an open server, and on one with API keys and
+allowed origins configured (the client presenting its key from an allowed origin), so a guarded
+server recovers from the same faults the same way.
+"""
 
 import asyncio
 import json
@@ -11,7 +16,7 @@ import urllib.request
 import pytest
 from conftest import app_args, wait_for
 from ray import serve
-from wsclient import run_to_end, send, start, until
+from wsclient import Access, run_to_end, send, start, until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -23,11 +28,20 @@ def faults_config(model_dir, **extra):
     return app_args(model_dir, **{"num_replicas": 1, "max_sessions_per_replica": 2, "lease_timeout_s": 2.0, "stall_timeout_s": 2.0, **extra})
 
 
+GUARDED = Access(key="faults-key", origin="http://app.example")
+
+
+@pytest.fixture(scope="module", params=["open", "guarded"])
+def access(request) -> Access:
+    return GUARDED if request.param == "guarded" else Access()
+
+
 @pytest.fixture(scope="module")
-def address(serve_address, plain_model_dir):
+def address(serve_address, plain_model_dir, access):
     from deployments.app import build_app
 
-    serve.run(build_app(faults_config(plain_model_dir)), name=APP, route_prefix=PREFIX)
+    guard = {"api_keys": [access.key], "allowed_origins": [access.origin]} if access.key else {}
+    serve.run(build_app(faults_config(plain_model_dir, **guard)), name=APP, route_prefix=PREFIX)
     yield serve_address
     serve.delete(APP)
 
@@ -41,11 +55,11 @@ def world_stats(app: str = APP) -> dict:
     return handle.stats.remote().result(timeout_s=30)
 
 
-def test_interaction_the_model_cannot_take_is_refused_before_queued_and_its_id_can_be_reused(address):
+def test_interaction_the_model_cannot_take_is_refused_before_queued_and_its_id_can_be_reused(address, access):
     camera = {"multi_modal_data": {"camera": {"mode": "velocity", "data": {"translation": [0, 0, 1], "rotation": [0, 0, 0, 1]}}}}
 
     async def go():
-        ws, t, first = await start(address, PATH, prompt="a cave")
+        ws, t, first = await start(address, PATH, access, prompt="a cave")
         async with ws:
             await until(ws, t, lambda m: m["type"] == "video.chunk_metadata")
             await send(ws, {"type": "session.interaction", "interaction": {"event_id": "c1", "event": camera}})
@@ -68,10 +82,10 @@ def test_interaction_the_model_cannot_take_is_refused_before_queued_and_its_id_c
     assert kinds == ["error", "session.interaction.queued"]
 
 
-def test_stall_timeout_aborts_the_session_and_frees_its_slot(address):
+def test_stall_timeout_aborts_the_session_and_frees_its_slot(address, access):
     async def go():
         # 512x512 on CPU takes several seconds a block: longer than the 2 s stall clock.
-        ws, t, first = await start(address, PATH, prompt="slow", size="512x512")
+        ws, t, first = await start(address, PATH, access, prompt="slow", size="512x512")
         began = time.monotonic()
         async with ws:
             await run_to_end(ws, t, timeout=30)
@@ -84,9 +98,9 @@ def test_stall_timeout_aborts_the_session_and_frees_its_slot(address):
     assert wait_for(lambda: world_stats()["sessions"] == [], timeout=20)
 
 
-def test_a_dead_ingress_lets_the_engine_drop_the_session_after_its_lease(address):
+def test_a_dead_ingress_lets_the_engine_drop_the_session_after_its_lease(address, access):
     async def open_and_kill():
-        ws, t, first = await start(address, PATH, prompt="orphan")
+        ws, t, first = await start(address, PATH, access, prompt="orphan")
         await until(ws, t, lambda m: m["type"] == "video.chunk_metadata")
         stats = await asyncio.to_thread(world_stats)
         assert stats["sessions"] == [first["session_id"]], (stats, first["replica_id"])
@@ -103,12 +117,12 @@ def test_a_dead_ingress_lets_the_engine_drop_the_session_after_its_lease(address
     assert wait_for(lambda: world_stats()["mailbox_sessions"] == [], timeout=5)
 
 
-def test_a_dead_replica_gives_replica_lost_within_5s(address):
+def test_a_dead_replica_gives_replica_lost_within_5s(address, access):
     # Serve replaces the ingress killed above; wait until the app answers again.
     wait_for(lambda: _healthy(address), timeout=60)
 
     async def go():
-        ws, t, first = await start(address, PATH, prompt="doomed")
+        ws, t, first = await start(address, PATH, access, prompt="doomed")
         async with ws:
             await until(ws, t, lambda m: m["type"] == "video.chunk_metadata")
             os.kill((await asyncio.to_thread(world_stats))["pid"], signal.SIGKILL)

@@ -8,6 +8,11 @@ binary frames come right after their metadata, the connection ends with a docume
 or stays usable, and afterwards a well-behaved session that ran beside the fuzzer finished
 cleanly, the server answers, and no replica of this app logged a traceback.
 
+The whole run happens twice: on an open server, and on one with API keys and allowed origins
+configured, where each example also draws what it presents (the right key from an allowed
+origin, or no key, a wrong key, a foreign origin); a refused connection must get nothing but
+the refusal (one error naming why) and close 1008, whatever it sends.
+
 FUZZ_EXAMPLES sets the number of examples per endpoint (CI runs the default).
 """
 
@@ -48,12 +53,38 @@ CODES |= {chat_protocol.NO_FRAMES, chat_protocol.QUERY_FAILED, chat_protocol.AUD
 CODES |= {access.UNAUTHORIZED, access.ORIGIN_NOT_ALLOWED, access.TOO_MANY_SESSIONS}
 CLOSE_CODES = {1000, 1008, 1009, 1011, 1013}
 
+KEY, ORIGIN = "fuzz-key-7", "http://app.example"
+# What a client presents on the guarded server: (headers, origin, the refusal's code or None).
+CREDENTIALS = {
+    "right": ({"Authorization": f"Bearer {KEY}"}, ORIGIN, None),
+    "no key": ({}, ORIGIN, access.UNAUTHORIZED),
+    "wrong key": ({"Authorization": "Bearer not-the-key"}, ORIGIN, access.UNAUTHORIZED),
+    "key in the query": ({}, None, None),  # ?api_key=, as a browser page sends it (see `url`)
+    "foreign origin": ({"Authorization": f"Bearer {KEY}"}, "http://elsewhere.example", access.ORIGIN_NOT_ALLOWED),
+}
+OPEN = {"open": ({}, None, None)}
+
+
+@pytest.fixture(scope="module", params=["open", "guarded"])
+def guard(request) -> str:
+    return request.param
+
 
 @pytest.fixture(scope="module")
-def address(serve_address, world_model_dir, omni_dir):
+def credentials(guard) -> dict:
+    return CREDENTIALS if guard == "guarded" else OPEN
+
+
+def url(address: str, path: str, credential: str) -> str:
+    return f"ws://{address}{path}" + (f"?api_key={KEY}" if credential == "key in the query" else "")
+
+
+@pytest.fixture(scope="module")
+def address(serve_address, world_model_dir, omni_dir, guard):
     config = chat_app_args(
         world_model_dir,
         omni_dir,
+        **({"api_keys": [KEY], "allowed_origins": [ORIGIN]} if guard == "guarded" else {}),
         max_sessions_per_replica=8,
         start_timeout_s=2.0,
         chat_config_timeout_s=2.0,
@@ -133,10 +164,13 @@ def scripts(valid: list[dict]):
 
 
 # -- one connection --------------------------------------------------------------------------------
-async def play(address: str, path: str, script: list, allowed_types: set[str]) -> list[str]:
+async def play(address: str, path: str, script: list, allowed_types: set[str], credential: tuple[str, tuple] = ("open", OPEN["open"])) -> list[str]:
     """Send the script, read until the server goes quiet or closes; returns what broke the properties."""
     problems: list[str] = []
-    ws = await websockets.connect(f"ws://{address}{path}", max_size=None, open_timeout=60)
+    name, (headers, origin, refusal) = credential
+    ws = await websockets.connect(url(address, path, name), max_size=None, open_timeout=60, additional_headers=headers, origin=origin)
+    if refusal is not None:
+        return await refused(ws, script, refusal)
     expecting_binary = None
     try:
         for frame in script:
@@ -180,11 +214,38 @@ async def play(address: str, path: str, script: list, allowed_types: set[str]) -
     return problems
 
 
+async def refused(ws, script: list, code: str) -> list[str]:
+    """A connection the server must refuse: one error with `code`, then close 1008, whatever the client sends."""
+    problems: list[str] = []
+    received: list = []
+    try:
+        try:
+            for frame in script:
+                if not isinstance(frame, tuple):
+                    await ws.send(frame)
+        except websockets.ConnectionClosed:
+            pass  # the refusal may close before the script is sent; what came before the close is still read
+        try:
+            async for raw in ws:
+                received.append(raw)
+        except websockets.ConnectionClosed:
+            pass
+    finally:
+        await ws.close()
+    messages = [json.loads(raw) if isinstance(raw, str) else raw for raw in received]
+    if len(messages) != 1 or not isinstance(messages[0], dict) or messages[0].get("type") != "error" or messages[0].get("code") != code:
+        problems.append(f"a refused connection ({code}) got {str(messages)[:300]}")
+    if ws.close_code != 1008:
+        problems.append(f"a refused connection ({code}) closed with {ws.close_code}")
+    return problems
+
+
 # -- a well-behaved session beside the fuzzer --------------------------------------------------------
 class Bystander(threading.Thread):
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, credential: tuple) -> None:
         super().__init__(daemon=True)
         self.address = address
+        self.headers, self.origin, _ = credential
         self.sessions = 0
         self.problems: list[str] = []
         self.stop = threading.Event()
@@ -194,7 +255,8 @@ class Bystander(threading.Thread):
 
     async def _loop(self) -> None:
         while not self.stop.is_set():
-            ws = await websockets.connect(f"ws://{self.address}{VIDEO}", max_size=None, open_timeout=60)
+            ws = await websockets.connect(f"ws://{self.address}{VIDEO}", max_size=None, open_timeout=60,
+                                          additional_headers=self.headers, origin=self.origin)
             async with ws:
                 await ws.send(json.dumps({"type": "session.start", "prompt": "a calm lake", "num_frames": 45}))
                 frames = 0
@@ -232,21 +294,27 @@ def replica_tracebacks() -> list[str]:
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None)
 
 
-def test_fuzz_both_endpoints_beside_a_well_behaved_session(address, report):
-    bystander = Bystander(address)
+def test_fuzz_both_endpoints_beside_a_well_behaved_session(address, report, guard, credentials):
+    counts = dict.fromkeys(COUNTS, 0) | {"refused": 0}
+    COUNTS.update(counts)
+    bystander = Bystander(address, next(iter(credentials.values())))
     bystander.start()
+    # Mostly the right credential: a refused example cannot reach the message handlers.
+    presented = st.sampled_from([next(iter(credentials))] * 3 + list(credentials)[1:]).map(lambda name: (name, credentials[name]))
 
     @FUZZ
-    @given(scripts(VIDEO_VALID))
-    def video(script):
+    @given(scripts(VIDEO_VALID), presented)
+    def video(script, credential):
         COUNTS["video"] += 1
-        assert asyncio.run(play(address, VIDEO, script, VIDEO_TYPES)) == []
+        COUNTS["refused"] += credential[1][2] is not None
+        assert asyncio.run(play(address, VIDEO, script, VIDEO_TYPES, credential)) == []
 
     @FUZZ
-    @given(scripts(CHAT_VALID))
-    def chat(script):
+    @given(scripts(CHAT_VALID), presented)
+    def chat(script, credential):
         COUNTS["chat"] += 1
-        assert asyncio.run(play(address, CHAT, script, CHAT_TYPES)) == []
+        COUNTS["refused"] += credential[1][2] is not None
+        assert asyncio.run(play(address, CHAT, script, CHAT_TYPES, credential)) == []
 
     try:
         video()
@@ -254,7 +322,8 @@ def test_fuzz_both_endpoints_beside_a_well_behaved_session(address, report):
     finally:
         bystander.stop.set()
         bystander.join(120)
-    report(f"fuzz: {COUNTS['video']} video and {COUNTS['chat']} chat examples, {COUNTS['server_messages']} server messages; bystander finished {bystander.sessions} sessions")
+    report(f"fuzz ({guard}): {COUNTS['video']} video and {COUNTS['chat']} chat examples ({COUNTS['refused']} refused), "
+           f"{COUNTS['server_messages']} server messages; bystander finished {bystander.sessions} sessions")
 
     assert bystander.sessions >= 1 and bystander.problems == []
     with urllib.request.urlopen(f"http://{address}{PREFIX}/healthz", timeout=30) as response:

@@ -116,7 +116,7 @@ def test_anchor_target_is_each_chunks_last_frame_pooled_and_folded() -> None:
 def test_the_context_probe_tells_a_model_that_reads_its_context_from_one_that_does_not() -> None:
     from deployments.generation.camera import Pose
     from deployments.training.probe import context_probe
-    from deployments.training.transformer_training import Sample
+    from deployments.training.transformer_training import Sample, TeacherForcing
 
     # A latent world that pans: each latent frame is the one before, moved 2 anchored pixels sideways.
     torch.manual_seed(0)
@@ -127,6 +127,8 @@ def test_the_context_probe_tells_a_model_that_reads_its_context_from_one_that_do
     class Oracle:  # the edge of the unit: a "transformer" whose velocity is exact, or blind
         fpb = 3
         transformer = torch.nn.Linear(1, 1)
+        ground_depth = None
+        condition = TeacherForcing.condition  # the channels as the trainer builds them
 
         def __init__(self, exact: bool) -> None:
             self.exact = exact
@@ -142,20 +144,31 @@ def test_the_context_probe_tells_a_model_that_reads_its_context_from_one_that_do
     assert blind["motion_sign_agreement"] < 1.0
 
 
-def test_teacher_forcing_predicts_what_the_engine_predicts(tmp_path) -> None:
+@pytest.mark.parametrize("reprojection", [None, 1.0])
+def test_teacher_forcing_predicts_what_the_engine_predicts(tmp_path, reprojection) -> None:
     """A block's velocity under teacher forcing equals the engine's first denoising step of that block,
-    given the same earlier block, noise, prompt and camera: the model is trained on what it is served."""
-    from deployments.generation.camera import Pose
+    given the same earlier block, noise, prompt and camera: the model is trained on what it is served
+    (with the last frame reprojected to the turning camera's poses too)."""
+    from deployments.contract.events import Interaction
+    from deployments.contract.session_spec import SessionSpec
     from deployments.generation.checkpoint import load_world_model
     from deployments.generation.engine import WorldModelEngine
-    from deployments.contract.session_spec import SessionSpec
+    from deployments.generation.interactions import Director
     from deployments.models.tiny_world_model import WorldModelSpec, make_world_model
     from deployments.training.transformer_training import Sample, TeacherForcing, TransformerTraining
 
-    path = make_world_model(tmp_path / "last-frame", WorldModelSpec(last_frame_condition=True))
+    spec = WorldModelSpec(last_frame_condition=True, last_frame_reprojection=reprojection)
+    path = make_world_model(tmp_path / "last-frame", spec)
     engine = WorldModelEngine.from_pretrained(path)
     session = engine.open_session(SessionSpec(prompt="a sandy desert", height=64, width=64, seed=3))
     first = engine.generate_block(session)
+    turn = Interaction(event_id="turn", actions=(("l", "w"),) * 3)
+    session.submit(turn)
+    director = Director("a sandy desert", 3, accepts_camera=True)  # the same session's poses, as a trajectory stores them
+    plans = [director.plan_block()]
+    director.submit(turn)
+    plans.append(director.plan_block())
+    poses = [tuple(p.relative_to(plan.reference_pose) for p in plan.poses) for plan in plans]
     z = engine.vae.config.z_dim
     seen: dict = {}
 
@@ -172,16 +185,17 @@ def test_teacher_forcing_predicts_what_the_engine_predicts(tmp_path) -> None:
 
     parts = load_world_model(path)
     trainer = TeacherForcing(parts.transformer, parts.camera_adapter, parts.text_encoder, parts.tokenizer, height=64, width=64,
-                             frames_per_block=3, shift=parts.flow_shift, config=TransformerTraining(blocks=2))
+                             frames_per_block=3, shift=parts.flow_shift, config=TransformerTraining(blocks=2),
+                             ground_depth=parts.reprojection_ground_depth)
     latents = torch.cat([first.latents[0], second.latents[0]], dim=1)
-    sample = Sample.of_blocks(latents, [0, 1], 3, [(("a sandy desert", 1.0),)] * 2, [(Pose(),) * 3] * 2, False)
+    sample = Sample.of_blocks(latents, [0, 1], 3, [(("a sandy desert", 1.0),)] * 2, poses, False)
     noise = torch.cat([torch.zeros_like(seen["noise"]), seen["noise"]], dim=2)
     sig = np.array([[0.5, session.sigmas[0]]])
     with torch.no_grad():
         velocity = trainer.velocity([sample], latents[None], sig, noise)
     torch.testing.assert_close(velocity[:, :, 3:], seen["velocity"], atol=1e-4, rtol=1e-3)
     # The channels carried the first block's last frame; without them the prediction is another one.
-    blank = Sample(sample.latents, sample.mixes, sample.poses, False, torch.zeros_like(sample.before))
+    blank = Sample(sample.latents, sample.mixes, sample.poses, False, torch.zeros_like(sample.before), views=sample.views)
     with torch.no_grad():
         assert not torch.allclose(trainer.velocity([blank], latents[None], sig, noise)[:, :, 3:], seen["velocity"], atol=1e-3)
 
@@ -206,7 +220,7 @@ def test_copy_init_starts_every_block_at_the_frame_it_is_given(tmp_path) -> None
     noise = torch.randn(1, 16, 9, 8, 8)
     sig = np.ones((1, 3))
     # Blocks 1 and 2 are given the frame before them on each of their frames.
-    given = sample.given_frames(3)[None, :, 3:]
+    given = trainer.condition([sample], latents[None], sample.before[None])[:, 4:, 3:]
 
     def error() -> float:
         with torch.no_grad():
@@ -270,9 +284,63 @@ def test_switch_weight_leaves_prompt_transitions_out_of_the_loss(tmp_path) -> No
             v = trainer.velocity([sample], x0, sig, noise)
         return ((v - (noise - x0))[:, :, :6] ** 2).mean()
 
-    plain = loss(TransformerTraining(blocks=3, schedule_fraction=1.0, context_noise_fraction=0.0, switch_weight=1.0))
-    without = loss(TransformerTraining(blocks=3, schedule_fraction=1.0, context_noise_fraction=0.0, switch_weight=0.0))
+    exact = {"schedule_fraction": 1.0, "context_noise_fraction": 0.0, "context_blur_fraction": 0.0}
+    plain = loss(TransformerTraining(blocks=3, switch_weight=1.0, **exact))
+    without = loss(TransformerTraining(blocks=3, switch_weight=0.0, **exact))
     torch.testing.assert_close(without, kept_only(1))
     assert not torch.isclose(plain, without)
     halved = loss(replace(trainer.config, switch_weight=0.5))
     assert min(plain, without) < halved < max(plain, without)
+
+
+def test_text_to_video_samples_come_from_sessions_that_start_where_text_to_video_starts() -> None:
+    """Samples without a start image are drawn from the listed (origin-start) trajectories only; the rest from all."""
+    from deployments.generation.camera import Pose
+    from deployments.training.dataset import starts_at_origin
+    from deployments.training.transformer_training import TransformerTraining, draw_samples
+
+    fpb, blocks = 3, 4
+    latents = [torch.full((2, fpb * blocks, 4, 4), float(i)) for i in range(6)]  # trajectory i holds the value i
+    mixes = [[(("a lava field", 1.0),)] * blocks] * 6
+    poses = [[(Pose(),) * fpb] * blocks] * 6
+    origin = [i for i in range(6) if starts_at_origin(i, 6)]
+    assert origin == [0, 1, 2]
+    rng = np.random.default_rng(0)
+    drawn = [s for _ in range(40) for s in draw_samples(rng, TransformerTraining(batch=4, blocks=blocks), fpb, latents, mixes, poses, origin)]
+    without = {int(s.latents[0, 0, 0, 0]) for s in drawn if not s.image}
+    with_image = {int(s.latents[0, 0, 0, 0]) for s in drawn if s.image}
+    assert without == {0, 1, 2} and with_image == set(range(6))
+
+
+def test_a_blurred_context_keeps_the_target_sharp() -> None:
+    """With context blur on, the clean blocks and the given frames the model reads are softened; what it
+    must predict (the velocity towards the true blocks) is not."""
+    from deployments.generation.camera import Pose
+    from deployments.training.transformer_training import BLUR_FACTORS, Sample, TeacherForcing, TransformerTraining, soften
+
+    checker = (torch.arange(16)[:, None] + torch.arange(16)[None, :]) % 2 * 2.0 - 1.0
+    assert soften(checker.expand(2, 3, 16, 16), 2).abs().max() < 1e-6  # two-pixel detail is gone
+    torch.testing.assert_close(soften(torch.full((2, 3, 16, 16), 0.7), 4), torch.full((2, 3, 16, 16), 0.7))
+
+    torch.manual_seed(0)
+    sample = Sample.of_blocks(torch.randn(4, 9, 16, 16), [0, 1, 2], 3, [(("a city plaza", 1.0),)] * 3, [(Pose(),) * 3] * 3, False)
+    seen = {}
+
+    class Spy(TeacherForcing):  # the edge of the unit: records what the model would read, predicts zero
+        def __init__(self) -> None:
+            self.sigmas, self.shift, self.fpb = [1.0], 1.0, 3
+
+        def velocity(self, samples, clean, sig, noise, before=None):
+            seen.update(clean=clean, before=before)
+            return torch.zeros_like(clean)
+
+    def read(blur: float) -> dict:
+        config = TransformerTraining(blocks=3, context_noise_fraction=0.0, context_blur_fraction=blur)
+        loss = Spy().loss([sample], np.random.default_rng(0), torch.Generator().manual_seed(0), config)
+        return dict(seen, loss=loss)
+
+    sharp, soft = read(0.0), read(1.0)
+    torch.testing.assert_close(sharp["clean"][0], sample.latents)
+    assert any(torch.allclose(soft["clean"][0], soften(sample.latents, f)) and torch.allclose(soft["before"][0], soften(sample.before, f))
+               for f in BLUR_FACTORS)
+    torch.testing.assert_close(sharp["loss"], soft["loss"])  # the same target: the true, sharp blocks

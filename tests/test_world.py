@@ -115,3 +115,20 @@ def test_a_rest_relative_camera_adapter_sees_only_the_motion() -> None:
     # ...and a turn is the change of the rays, amplified.
     turned = torch.from_numpy(plucker_rays([Pose().compose(KeyMotion().delta(("l",)))] * 3, 64, 64))[None]
     torch.testing.assert_close(relative(turned), raw((turned - rest) * 5.0))
+
+
+@pytest.mark.parametrize("softness", [1, 2, 4])
+def test_block_motion_reads_a_sub_pixel_pan_of_a_soft_picture(softness: int) -> None:
+    """A pan of 0.75 px a frame (a held turn) reads near its whole length, however soft the picture:
+    frames rendered while turning, averaged over `softness` pixels and spread back."""
+    import torch
+    import torch.nn.functional as F
+
+    frames = _held("l")[-12:]
+    x = torch.from_numpy(frames).permute(0, 3, 1, 2).float()
+    if softness > 1:
+        x = F.interpolate(F.avg_pool2d(x, softness), size=frames.shape[1:3], mode="bilinear", align_corners=False)
+    soft = x.round().clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
+    sharp_dx, _ = measures.block_motion(frames, rows=slice(34, 64))
+    dx, _ = measures.block_motion(soft, rows=slice(34, 64))
+    assert sharp_dx < -4 and dx == pytest.approx(sharp_dx, rel=0.3), (dx, sharp_dx)

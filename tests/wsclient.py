@@ -34,8 +34,22 @@ class Transcript:
         return b"".join(data for _, data in self.media)
 
 
-async def connect(address: str, path: str = "/v1/realtime/video"):
-    return await websockets.connect(f"ws://{address}{path}", max_size=None, open_timeout=30)
+@dataclass(frozen=True)
+class Access:
+    """What a client presents: a key (as a bearer header) and a browser Origin; nothing for an open server."""
+
+    key: str | None = None
+    origin: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
+
+
+async def connect(address: str, path: str = "/v1/realtime/video", access: "Access | None" = None):
+    access = access or Access()
+    return await websockets.connect(f"ws://{address}{path}", max_size=None, open_timeout=30,
+                                    additional_headers=access.headers, origin=access.origin)
 
 
 async def receive(ws, transcript: Transcript, timeout: float = 60.0) -> dict | None:
@@ -77,8 +91,8 @@ async def run_to_end(ws, transcript: Transcript, timeout: float = 60.0) -> Trans
     return transcript
 
 
-async def start(address: str, path: str = "/v1/realtime/video", **fields) -> tuple[object, Transcript, dict]:
-    ws = await connect(address, path)
+async def start(address: str, path: str = "/v1/realtime/video", access: "Access | None" = None, **fields) -> tuple[object, Transcript, dict]:
+    ws = await connect(address, path, access)
     transcript = Transcript()
     await ws.send(json.dumps({"type": "session.start", **fields}))
     first = await receive(ws, transcript)

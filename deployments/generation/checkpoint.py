@@ -36,6 +36,7 @@ class WorldModelComponents:
     timesteps: list[float] | None
     image_conditioned: bool
     last_frame_condition: bool = False  # see deployments/generation/conditioning.py
+    reprojection_ground_depth: float | None = None  # see deployments/generation/reprojection.py
     tensor_parallel: TensorParallel | None = None  # None: the whole transformer on this process
 
 
@@ -124,4 +125,5 @@ def _load(root: Path, geometry: ARGeometry, traits: ModelTraits, device, dtype: 
         timesteps=timesteps,
         image_conditioned=traits.image_conditioned,
         last_frame_condition=traits.last_frame_condition,
+        reprojection_ground_depth=traits.reprojection_ground_depth,
     )

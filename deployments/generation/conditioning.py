@@ -35,15 +35,18 @@ def image_condition(image_latent: torch.Tensor, frames: int) -> torch.Tensor:
 def last_frame_condition(given: torch.Tensor, frames: int, first_distance: int, present: torch.Tensor | None = None) -> torch.Tensor:
     """Last-frame channels for a block: (B, 4 + z, frames, h, w).
 
-    `given` (B, z, h, w) is the latent frame before the block (the start image, for a first block);
+    `given` (B, z, h, w) is the latent frame before the block (the start image, for a first block),
+    or that frame as each of the block's frames would see it (B, z, frames, h, w; see reprojection.py);
     the block's frame j lies `first_distance + j` frames after it. Rows where `present` (B,) is False
     get all-zero channels: nothing is given (a first block with no start image).
     """
-    b, z, h, w = given.shape
+    if given.dim() == 4:
+        given = given.unsqueeze(2).expand(-1, -1, frames, -1, -1)
+    b, z, _, h, w = given.shape
     cond = given.new_zeros((b, MASK_CHANNELS + z, frames, h, w))
     for j in range(frames):
         cond[:, min(first_distance + j, MASK_CHANNELS - 1), j] = 1.0
-        cond[:, MASK_CHANNELS:, j] = given
+    cond[:, MASK_CHANNELS:] = given
     if present is not None:
         cond = cond * present.to(cond.dtype).view(b, 1, 1, 1, 1)
     return cond

@@ -32,8 +32,9 @@ from deployments.generation.attention import (
 from deployments.generation.camera import plucker_rays
 from deployments.generation.checkpoint import WorldModelComponents, load_world_model
 from deployments.generation.conditioning import image_condition, last_frame_condition
-from deployments.generation.interactions import Director
+from deployments.generation.interactions import BlockPlan, Director
 from deployments.generation.kv_cache import KVLayout, RollingKVCache
+from deployments.generation.reprojection import reproject, reprojection_grid
 from deployments.generation.rope import OffsetRope
 from deployments.generation.schedule import denoising_sigmas
 from deployments.generation.session import BlockMetadata, GeneratedBlock, WorldSession
@@ -78,6 +79,7 @@ class WorldModelEngine:
         self.camera_adapter = components.camera_adapter
         self.image_conditioned = components.image_conditioned
         self.last_frame_condition = components.last_frame_condition
+        self.reprojection_ground_depth = components.reprojection_ground_depth
         self.tensor_parallel = components.tensor_parallel
         self.rank = self.tensor_parallel.rank if self.tensor_parallel else 0
         self.world_size = self.tensor_parallel.world_size if self.tensor_parallel else 1
@@ -208,7 +210,7 @@ class WorldModelEngine:
                 index=list(range(len(sessions))),
                 text=torch.cat([self.text_condition(s, p.prompt_mix) for s, p in zip(sessions, plans)]),
                 camera=_cat([self._camera_tokens(s, p) for s, p in zip(sessions, plans)]),
-                cond=_cat([self._condition(s) for s in sessions]),
+                cond=_cat([self._condition(s, p) for s, p in zip(sessions, plans)]),
                 context={},
             )
             x = batch.noise(shape, self.device)
@@ -373,14 +375,19 @@ class WorldModelEngine:
                 self._camera_cache.pop(next(iter(self._camera_cache)))
         return tokens
 
-    def _condition(self, session: WorldSession) -> torch.Tensor | None:
+    def _condition(self, session: WorldSession, plan: BlockPlan) -> torch.Tensor | None:
         """The condition channels of the session's next block (conditioning.py), None when the model has none."""
         b, z, f, h, w = self._latent_shape(session)
         first = session.block_index == 0
         if self.last_frame_condition:
             given = session.image_latent if first else session.last_latent
             if given is not None:
-                return last_frame_condition(given[:, :, -1], f, first_distance=0 if first else 1)
+                frame = given[:, :, -1]
+                if self.reprojection_ground_depth is not None:
+                    # The start image is the first frame's view; a later block's given frame, the pose before it.
+                    grids = reprojection_grid(plan.poses[0] if first else plan.reference_pose, plan.poses, h, w, self.reprojection_ground_depth)
+                    frame = reproject(frame.float(), torch.from_numpy(grids).to(frame.device)).to(frame.dtype)
+                return last_frame_condition(frame, f, first_distance=0 if first else 1)
         elif session.image_latent is None:
             return None
         elif first:

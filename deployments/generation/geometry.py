@@ -103,6 +103,7 @@ class ModelTraits:
     camera_adapter: bool
     latent_channels: int
     last_frame_condition: bool = False  # see deployments/generation/conditioning.py
+    reprojection_ground_depth: float | None = None  # see deployments/generation/reprojection.py
 
 
 def read_traits(checkpoint: str | Path) -> ModelTraits:
@@ -122,6 +123,13 @@ def read_traits(checkpoint: str | Path) -> ModelTraits:
         raise CheckpointError(f"{root}: transformer config keys last_frame_condition and start_image must be true or false")
     if last_frame and in_channels != 2 * z_dim + 4:
         raise CheckpointError(f"{root}: last_frame_condition needs the image-to-video input channels ({2 * z_dim + 4}), not {in_channels}")
+    reprojection = transformer.get("last_frame_reprojection")
+    if reprojection is not None:
+        if not last_frame:
+            raise CheckpointError(f"{root}: last_frame_reprojection needs last_frame_condition")
+        if isinstance(reprojection, bool) or not isinstance(reprojection, (int, float)) or not reprojection > 0:
+            raise CheckpointError(f"{root}: transformer config key last_frame_reprojection must be the ground's depth below the start pose (a positive number), not {reprojection!r}")
     # A last-frame model always has the condition channels; whether it takes a start image is its own key.
     image_conditioned = transformer.get("start_image", False) if last_frame else in_channels != z_dim
-    return ModelTraits(image_conditioned, (root / "camera_adapter").is_dir(), z_dim, last_frame)
+    return ModelTraits(image_conditioned, (root / "camera_adapter").is_dir(), z_dim, last_frame,
+                       None if reprojection is None else float(reprojection))

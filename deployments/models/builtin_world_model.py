@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from deployments.models.tiny_world_model import WorldModelSpec, build_world_model
+from deployments.training.world import EYE_HEIGHT
 
 WEIGHTS_DIR = Path(__file__).parent / "weights" / "world"
 COMPONENTS = ("transformer", "vae", "text_encoder", "camera_adapter")
@@ -32,6 +33,7 @@ COMPONENTS = ("transformer", "vae", "text_encoder", "camera_adapter")
 # window, current block: 4 blocks) is exactly what the engine's cache holds once it is full.
 BUILTIN_SPEC = WorldModelSpec(
     last_frame_condition=True,
+    last_frame_reprojection=EYE_HEIGHT,
     sliding_window_num_frames=6,
     num_layers=4,
     num_attention_heads=4,

@@ -37,6 +37,8 @@ class WorldModelSpec:
     # Every block carries the last frame before it in the condition channels (conditioning.py); then
     # `image_conditioned` only says whether the start image is required or refused.
     last_frame_condition: bool = False
+    # The ground's depth below the start pose: the last frame is warped to each frame's pose (reprojection.py).
+    last_frame_reprojection: float | None = None
     camera_adapter: bool = True
     num_frames_per_block: int = 3
     sink_size: int = 3
@@ -179,6 +181,8 @@ def build_world_model(
         )
         if spec.last_frame_condition:
             transformer.register_to_config(last_frame_condition=True, start_image=spec.image_conditioned)
+        if spec.last_frame_reprojection is not None:
+            transformer.register_to_config(last_frame_reprojection=spec.last_frame_reprojection)
         vae = make_vae(spec).eval()
     trained = weights or {}
     for name, module in (("transformer", transformer), ("vae", vae), ("text_encoder", text_encoder)):

@@ -51,12 +51,17 @@ def render_dataset(out_dir: str | os.PathLike, count: int, blocks: int, *, seed:
     origin (so a text-to-video session opens on a familiar view), the second half anywhere."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    half = (start + count) // 2
-    jobs = [(out / f"traj_{i:05d}.npz", seed, i, blocks, height, width, i >= half) for i in range(start, start + count)]
+    jobs = [(out / f"traj_{i:05d}.npz", seed, i, blocks, height, width, not starts_at_origin(i, start + count))
+            for i in range(start, start + count)]
     if workers <= 1:
         return [Path(_render_one(job)) for job in jobs]
     with ProcessPoolExecutor(workers) as pool:
         return [Path(p) for p in pool.map(_render_one, jobs, chunksize=4)]
+
+
+def starts_at_origin(index: int, total: int) -> bool:
+    """Whether trajectory `index` of a set of `total` starts at the world's origin (the first half do)."""
+    return index < total // 2
 
 
 def load_trajectory(path: str | os.PathLike) -> StoredTrajectory:

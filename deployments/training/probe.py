@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from deployments.generation.conditioning import MASK_CHANNELS
 from deployments.training import measures
 from deployments.training.vae_training import ANCHORED_CHANNELS
 
@@ -47,7 +48,7 @@ def context_probe(trainer, samples: list, mean: torch.Tensor, std: torch.Tensor,
     finally:
         trainer.transformer.train(was_training)
     predicted = (1 - sigma) * x0 + sigma * noise - sigma * v
-    given_latents = torch.stack([s.given_frames(trainer.fpb) for s in samples])[:, :, trainer.fpb :]
+    given_latents = trainer.condition(samples, x0, torch.stack([s.before for s in samples]))[:, MASK_CHANNELS:, trainer.fpb :]
     true_anchored = x0[:, :ANCHORED_CHANNELS, trainer.fpb :]
     psnr, copy, given, true_dx, pred_dx = [], [], [], [], []
     for b in range(len(samples)):

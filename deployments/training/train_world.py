@@ -25,7 +25,7 @@ import torch
 
 from deployments.models.builtin_world_model import BUILTIN_SPEC, save_shipped
 from deployments.training.copy_init import init_as_copy
-from deployments.training.dataset import list_trajectories, load_trajectory, render_dataset
+from deployments.training.dataset import list_trajectories, load_trajectory, render_dataset, starts_at_origin
 from deployments.training.transformer_training import Sample, TeacherForcing, TransformerTraining, sequence_blocks_for, train_transformer
 from deployments.training.vae_training import VAETraining, encode_video, train_vae, vae_trained
 
@@ -114,8 +114,10 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
         held = config.transformer.held_out
         train = {k: v[: len(v) - held] for k, v in data.items()}
         probe = _probe(trainer, data, held, vae_dir)
+        total = len(data["latents"])
+        origin = [i for i in range(len(train["latents"])) if starts_at_origin(i, total)]
         report["transformer"] = train_transformer(trainer, train["latents"], train["mixes"], train["poses"], work / "transformer",
-                                                  seed=seed, log=log, probe=probe)
+                                                  seed=seed, log=log, probe=probe, text_to_video=origin)
     if "export" in wanted:
         from diffusers import AutoencoderKLWan
 
@@ -165,6 +167,7 @@ def _trainer(work: Path, config: WorldTraining, seed: int) -> TeacherForcing:
     from transformers import AutoTokenizer, UMT5EncoderModel
 
     from deployments.generation.camera_adapter import CameraAdapter
+    from deployments.generation.geometry import read_traits
 
     init = _init_folder(work, config.init_from, seed)
     transformer = WanTransformer3DModel.from_pretrained(init, subfolder="transformer").train()
@@ -180,4 +183,5 @@ def _trainer(work: Path, config: WorldTraining, seed: int) -> TeacherForcing:
         height=config.height, width=config.width, frames_per_block=spec.num_frames_per_block,
         shift=spec.flow_shift, config=replace(config.transformer, blocks=blocks),
         timesteps=list(spec.denoising_step_list) if spec.denoising_step_list else None,
+        ground_depth=read_traits(init).reprojection_ground_depth,
     )

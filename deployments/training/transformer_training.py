@@ -45,8 +45,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from deployments.generation.attention import apply_rotary
-from deployments.generation.camera import plucker_rays
+from deployments.generation.camera import Pose, plucker_rays
 from deployments.generation.conditioning import last_frame_condition
+from deployments.generation.reprojection import reproject, reprojection_grid
 from deployments.generation.schedule import denoising_sigmas
 from deployments.generation.text import prompt_states
 from deployments.training.lr_schedule import warmup_cosine
@@ -67,6 +68,10 @@ class TransformerTraining:
     schedule_fraction: float = 1.0  # noisy blocks at the checkpoint's own sigmas; the rest uniform
     context_noise: float = 0.05
     context_noise_fraction: float = 0.5
+    # Samples whose context (the clean blocks and the frames the blocks are given) is blurred, the
+    # targets kept sharp: a one-step model's own blocks are soft (a text-to-video first block most of
+    # all), and the blocks after them should sharpen what they are given rather than keep its blur.
+    context_blur_fraction: float = 0.5
     held_out: int = 16  # trajectories kept out of training, for the context probe
     gap_fraction: float = 0.6  # sequences whose later blocks jump ahead, as after the window slides (most of a session)
     switch_weight: float = 0.3  # loss weight of blocks in a prompt transition (they carry most of the copy's error)
@@ -157,6 +162,7 @@ class Sample:
     image: bool  # carries the start image (its first latent frame)
     before: torch.Tensor  # (z, blocks, h, w): the trajectory's latent frame just before each block (zero for block 0)
     switching: tuple[bool, ...] = ()  # per block: its prompt mix differs from the block before it (a transition)
+    views: tuple = ()  # per block: (pose of the frame it is given, its frames' poses), in the session's frame
 
     @classmethod
     def of_blocks(cls, latents: torch.Tensor, chosen: list[int], fpb: int, mixes: list, poses: list, image: bool) -> "Sample":
@@ -164,11 +170,20 @@ class Sample:
         frames = torch.cat([latents[:, i * fpb : (i + 1) * fpb] for i in chosen], dim=1).float()
         before = torch.stack([latents[:, i * fpb - 1] if i > 0 else torch.zeros_like(latents[:, 0]) for i in chosen], dim=1).float()
         switching = tuple(i > 0 and mixes[i] != mixes[i - 1] for i in chosen)
-        return cls(frames, [mixes[i] for i in chosen], [poses[i] for i in chosen], image, before, switching)
+        views = session_views(poses[: max(chosen) + 1])
+        return cls(frames, [mixes[i] for i in chosen], [poses[i] for i in chosen], image, before, switching, tuple(views[i] for i in chosen))
 
-    def given_frames(self, fpb: int) -> torch.Tensor:
-        """The frame each latent frame's block is given (`before`, repeated over the block): (z, F, h, w)."""
-        return self.before.repeat_interleave(fpb, dim=1)
+
+def session_views(relative: list[tuple[Pose, ...]]) -> list[tuple[Pose, tuple[Pose, ...]]]:
+    """Per block of a session, from the director's relative poses: the pose of the frame the block is
+    given (the start image's, its own first frame, for block 0; the frame before it otherwise) and its
+    frames' poses, chained from the start pose as the engine's director keeps them."""
+    views, reference = [], Pose()
+    for k, block in enumerate(relative):
+        frames = tuple(reference.compose(p) for p in block)
+        views.append((frames[0] if k == 0 else reference, frames))
+        reference = frames[-1]
+    return views
 
 
 def sequence_blocks_for(sink_frames: int, window_frames: int, frames_per_block: int) -> int:
@@ -188,7 +203,7 @@ class TeacherForcing:
     """Holds the models being trained and computes the loss of a batch of samples."""
 
     def __init__(self, transformer, camera_adapter, text_encoder, tokenizer, *, height: int, width: int, frames_per_block: int, shift: float,
-                 config: TransformerTraining, timesteps: list[float] | None = None) -> None:
+                 config: TransformerTraining, timesteps: list[float] | None = None, ground_depth: float | None = None) -> None:
         from deployments.generation.text import PromptEncoder
 
         self.transformer, self.camera_adapter, self.text_encoder, self.tokenizer = transformer, camera_adapter, text_encoder, tokenizer
@@ -196,6 +211,7 @@ class TeacherForcing:
         self.max_length = PromptEncoder(tokenizer, text_encoder).max_length
         self.sigmas = denoising_sigmas(len(timesteps) if timesteps else 4, shift, timesteps)  # the checkpoint's own schedule
         self.shift = shift
+        self.ground_depth = ground_depth  # the checkpoint's `last_frame_reprojection` (reprojection.py)
         self.binding = _Binding()
         head_dim = transformer.config.attention_head_dim
         processors = {}
@@ -235,8 +251,14 @@ class TeacherForcing:
                        [[_shifted(u, self.shift) for u in row] for row in rng.random((b, n))])
         noise = torch.randn(x0.shape, generator=generator)
         aug = torch.from_numpy(rng.random(b) < cfg.context_noise_fraction).float().view(b, 1, 1, 1, 1)
-        clean = x0 + aug * cfg.context_noise * torch.randn(x0.shape, generator=generator)
         before = torch.stack([s.before for s in samples])
+        blur = rng.random(b) < cfg.context_blur_fraction
+        clean, before = x0, before
+        if blur.any():
+            factors = rng.choice(BLUR_FACTORS, size=b)
+            clean = torch.stack([soften(x, int(f)) if on else x for x, on, f in zip(x0, blur, factors)])
+            before = torch.stack([soften(x, int(f)) if on else x for x, on, f in zip(before, blur, factors)])
+        clean = clean + aug * cfg.context_noise * torch.randn(x0.shape, generator=generator)
         before = before + aug * cfg.context_noise * torch.randn(before.shape, generator=generator)
         v = self.velocity(samples, clean, sig, noise, before)
         weight = torch.tensor([[cfg.switch_weight if k < len(s.switching) and s.switching[k] else 1.0 for k in range(n)] for s in samples])
@@ -249,9 +271,18 @@ class TeacherForcing:
         """Each block's last-frame channels, as the engine gives them: (B, 4 + z, F, h, w). Block 0 gets the
         start image (the first latent frame of `x0`) where the sample carries one; block k > 0 the frame before it."""
         image = torch.tensor([s.image for s in samples])
-        blocks = [last_frame_condition(x0[:, :, 0], self.fpb, 0, present=image)]
-        blocks += [last_frame_condition(before[:, :, k], self.fpb, 1) for k in range(1, before.shape[2])]
+        given = [x0[:, :, 0]] + [before[:, :, k] for k in range(1, before.shape[2])]
+        if self.ground_depth is not None:
+            given = [self._reprojected(frame, [s.views[k] for s in samples]) for k, frame in enumerate(given)]
+        blocks = [last_frame_condition(given[0], self.fpb, 0, present=image)]
+        blocks += [last_frame_condition(frame, self.fpb, 1) for frame in given[1:]]
         return torch.cat(blocks, dim=2)
+
+    def _reprojected(self, frame: torch.Tensor, views: list) -> torch.Tensor:
+        """Each row's given latent frame (B, z, h, w) seen from its block's frames: (B, z, fpb, h, w)."""
+        h, w = frame.shape[-2:]
+        grids = np.stack([reprojection_grid(given, frames, h, w, self.ground_depth) for given, frames in views])
+        return reproject(frame, torch.from_numpy(grids))
 
     def velocity(self, samples: list[Sample], clean: torch.Tensor, sig: np.ndarray, noise: torch.Tensor, before: torch.Tensor | None = None) -> torch.Tensor:
         """The velocity predicted for every block of every sample noised to its `sig` (B, blocks), each
@@ -280,6 +311,31 @@ class TeacherForcing:
         return out[:, :, frames:]
 
 
+def draw_samples(rng: np.random.Generator, recipe: TransformerTraining, fpb: int, latents: list[torch.Tensor], mixes: list[list],
+                 poses: list[list], text_to_video: list[int] | None = None) -> list[Sample]:
+    """One batch: each sample a run of blocks of a random trajectory, with the start image or (from
+    `text_to_video` when given) without."""
+    samples = []
+    for _ in range(recipe.batch):
+        image = bool(rng.random() < recipe.image_fraction)
+        pool = text_to_video if not image and text_to_video else None
+        t = int(pool[rng.integers(len(pool))]) if pool else int(rng.integers(len(latents)))
+        chosen = sequence_blocks(rng, latents[t].shape[1] // fpb, recipe.blocks, recipe.gap_fraction)
+        samples.append(Sample.of_blocks(latents[t], chosen, fpb, mixes[t], poses[t], image))
+    return samples
+
+
+BLUR_FACTORS = (2, 4)  # a context is softened by averaging over this many latent pixels a side, then spread back
+
+
+def soften(latents: torch.Tensor, factor: int) -> torch.Tensor:
+    """Latent frames (z, F, h, w) with their detail finer than `factor` latent pixels taken away."""
+    frames = latents.transpose(0, 1)  # (F, z, h, w)
+    h, w = frames.shape[-2:]
+    small = F.avg_pool2d(frames, factor, ceil_mode=True)
+    return F.interpolate(small, size=(h, w), mode="bilinear", align_corners=False).transpose(0, 1)
+
+
 def _shifted(u: float, shift: float) -> float:
     return shift * u / (1 + (shift - 1) * u)
 
@@ -299,9 +355,14 @@ def train_transformer(
     log: Callable[[dict], None] = print,
     checkpoint_every: int = 250,
     probe: Callable[[], dict] | None = None,
+    text_to_video: list[int] | None = None,
 ) -> dict:
     """Train on the trajectories' normalized latents (z, F, h, w) and per-block conditions; checkpoints in
-    `out_dir`. `probe` (see `probe.context_probe`) is measured and logged at each checkpoint."""
+    `out_dir`. `probe` (see `probe.context_probe`) is measured and logged at each checkpoint.
+
+    Samples without a start image come from the trajectories `text_to_video` lists (default: any): a
+    text-to-video session opens at the world's origin, so from those its first block has one right
+    answer per prompt, which a one-step model can learn sharp; from anywhere it would learn their blur."""
     cfg = trainer.config
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -328,12 +389,7 @@ def train_transformer(
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
         recipe = cfg.at(step)
-        samples = []
-        for _ in range(cfg.batch):
-            t = int(rng.integers(len(latents)))
-            available = latents[t].shape[1] // fpb
-            chosen = sequence_blocks(rng, available, cfg.blocks, cfg.gap_fraction)
-            samples.append(Sample.of_blocks(latents[t], chosen, fpb, mixes[t], poses[t], bool(rng.random() < recipe.image_fraction)))
+        samples = draw_samples(rng, recipe, fpb, latents, mixes, poses, text_to_video)
         loss = trainer.loss(samples, rng, generator, recipe)
         opt.zero_grad(set_to_none=True)
         loss.backward()
