@@ -395,6 +395,43 @@ def test_an_uploaded_start_image_conditions_the_job_and_its_remix(serve_address,
         assert "image" in missing.value.response.json()["error"]["message"]
 
 
+def test_a_key_at_its_quota_gets_429_naming_the_limit_and_other_keys_go_on(serve_address, world_model_dir, tmp_path):
+    """Quotas filled on purpose, on a served app of their own: one stored video and one job in flight per key."""
+    args = app_args(world_model_dir, num_replicas=1, jobs_db_path=str(tmp_path / "jobs.db"), jobs_content_dir=str(tmp_path / "videos"),
+                    api_keys=[KEY, OTHER_KEY], jobs_stored_per_key=1, jobs_in_flight_per_key=1, retry_after_s=2.0)
+    with deployed("videos-quota", "/videos-quota", args):
+        base = f"http://{serve_address}/videos-quota/v1"
+        assert wait_for(lambda: http("GET", base[: -len("/v1")] + "/healthz")[0] == 200, 30)
+        mine, other = (openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=60) for key in (KEY, OTHER_KEY))
+        small = {"fps": 8, "num_frames": 9}
+
+        def refused(code: str, **create) -> openai.RateLimitError:
+            with pytest.raises(openai.RateLimitError) as over:
+                mine.videos.create(prompt="one too many", seconds="1", extra_body=small, **create)
+            error = over.value.response.json()["error"]
+            assert over.value.status_code == 429 and (error["type"], error["code"]) == ("insufficient_quota", code), error
+            return over.value
+
+        kept = mine.videos.create_and_poll(prompt="a kept garden", seconds="1", extra_body=small, poll_interval_ms=200)
+        assert kept.status == "completed"
+        refused("stored_videos_limit")
+        theirs = other.videos.create_and_poll(prompt="their harbour", seconds="1", extra_body=small, poll_interval_ms=200)
+        assert theirs.status == "completed"  # another key's quota is its own
+        mine.videos.delete(kept.id)
+        running_job = long_job(mine)
+        over = refused("jobs_in_flight_limit")
+        assert over.response.headers["retry-after"] == "2"
+        mine.videos.delete(running_job.id)
+
+        def create_again():
+            try:
+                return mine.videos.create(prompt="room again", seconds="1", extra_body=small)
+            except openai.RateLimitError:
+                return None  # the deleted job is still being stopped
+
+        assert wait_for(create_again, 30)  # the slot is the key's again
+
+
 def test_a_job_on_a_replica_that_dies_fails_with_replica_lost(client):
     # Last in the module: the WorldModel replica does not come back before the app is deleted.
     video = long_job(client)
