@@ -14,6 +14,7 @@ import numpy as np
 from deployments.contract.keys import KEYS
 
 IDENTITY_ROTATION = (0.0, 0.0, 0.0, 1.0)
+FOV_DEGREES = 60.0  # the engine's camera: rays, the camera adapter's default, reprojection and the procedural world
 
 # Keys the server turns into motion: (axis in camera frame, sign) for moves,
 # (rotation axis in camera frame, sign) for looks. Looking up is a rotation
@@ -117,7 +118,7 @@ class KeyMotion:
         return Pose(tuple(t.tolist()), tuple(rot.tolist()))
 
 
-def pixel_directions(height: int, width: int, fov_degrees: float = 60.0) -> np.ndarray:
+def pixel_directions(height: int, width: int, fov_degrees: float = FOV_DEGREES) -> np.ndarray:
     """Unit ray directions through each pixel's centre, in the camera frame: (H, W, 3)."""
     focal = 0.5 * width / math.tan(math.radians(fov_degrees) / 2)
     u = (np.arange(width) + 0.5 - width / 2) / focal
@@ -126,7 +127,7 @@ def pixel_directions(height: int, width: int, fov_degrees: float = 60.0) -> np.n
     return dirs_cam / np.linalg.norm(dirs_cam, axis=-1, keepdims=True)
 
 
-def plucker_rays(poses: list[Pose], height: int, width: int, fov_degrees: float = 60.0) -> np.ndarray:
+def plucker_rays(poses: list[Pose], height: int, width: int, fov_degrees: float = FOV_DEGREES) -> np.ndarray:
     """Per-pixel Plücker coordinates (moment o x d, direction d) -> float32 (6, F, H, W)."""
     dirs_cam = pixel_directions(height, width, fov_degrees)
     out = np.empty((6, len(poses), height, width), dtype=np.float32)

@@ -22,9 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from deployments.generation.camera import Pose, pixel_directions, quat_to_matrix
-
-FOV_DEGREES = 60.0  # the engine's camera (camera.plucker_rays)
+from deployments.generation.camera import FOV_DEGREES, Pose, pixel_directions, quat_to_matrix
 
 
 def reprojection_grid(given: Pose, targets: Sequence[Pose], height: int, width: int, ground_depth: float,

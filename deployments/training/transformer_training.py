@@ -253,7 +253,7 @@ class TeacherForcing:
         aug = torch.from_numpy(rng.random(b) < cfg.context_noise_fraction).float().view(b, 1, 1, 1, 1)
         before = torch.stack([s.before for s in samples])
         blur = rng.random(b) < cfg.context_blur_fraction
-        clean, before = x0, before
+        clean = x0
         if blur.any():
             factors = rng.choice(BLUR_FACTORS, size=b)
             clean = torch.stack([soften(x, int(f)) if on else x for x, on, f in zip(x0, blur, factors)])

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from deployments.generation.camera import Pose, pixel_directions, quat_to_matrix
+from deployments.generation.camera import FOV_DEGREES, Pose, pixel_directions, quat_to_matrix
 
 EYE_HEIGHT = 1.0  # the start pose stands this far above the ground
 MIN_CLEARANCE = 0.15  # a camera driven below the ground is held this far above it
@@ -37,7 +37,6 @@ CLOUD_HEIGHT = 9.0
 CELL = 3.0  # landmark grid spacing, world units
 LANDMARK_RADIUS = 22.0  # cells farther than this from the camera are not drawn
 SUN = np.array([0.45, 0.75, -0.35]) / np.linalg.norm([0.45, 0.75, -0.35])
-FOV_DEGREES = 60.0
 # Octaves fade from full (wavelength >= 16 render footprints, 8 output pixels at the default 2x
 # supersampling) to their mean (<= 5.3 footprints): the first session's model, trained on a world
 # textured down to single pixels, learned its latents' scramble instead of the camera's motion.
