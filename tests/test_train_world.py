@@ -344,3 +344,46 @@ def test_a_blurred_context_keeps_the_target_sharp() -> None:
     assert any(torch.allclose(soft["clean"][0], soften(sample.latents, f)) and torch.allclose(soft["before"][0], soften(sample.before, f))
                for f in BLUR_FACTORS)
     torch.testing.assert_close(sharp["loss"], soft["loss"])  # the same target: the true, sharp blocks
+
+
+def test_an_own_context_is_the_models_one_step_guess_and_the_target_stays_true() -> None:
+    """With own context on, the clean blocks the model reads are its own guesses of them, and so is each
+    given frame whose block before it is in the sample; the frame before a jump stays the true one."""
+    from deployments.generation.camera import Pose
+    from deployments.training.transformer_training import Sample, TeacherForcing, TransformerTraining
+
+    torch.manual_seed(0)
+    latents = torch.randn(4, 15, 8, 8)
+    sample = Sample.of_blocks(latents, [0, 2, 3], 3, [(("a city plaza", 1.0),)] * 5, [(Pose(),) * 3] * 5, False)
+    assert sample.indices == (0, 2, 3)
+    marker = torch.randn(1, 4, 9, 8, 8)  # what the spy's model "makes" of every block
+    calls = []
+
+    class Spy(TeacherForcing):  # the edge of the unit: records what the model reads
+        def __init__(self) -> None:
+            self.sigmas, self.shift, self.fpb = [1.0], 1.0, 3
+
+        def velocity(self, samples, clean, sig, noise, before=None):
+            calls.append(dict(clean=clean, sig=sig, before=before))
+            if len(calls) % 2 == 1 and np.all(sig == 1.0) and own_on:
+                return noise - marker
+            return noise - sample.latents[None]  # the training forward: a perfect model of the true blocks
+
+    own_on = False
+
+    def read(own: float) -> dict:
+        nonlocal own_on
+        calls.clear()
+        own_on = own > 0
+        config = TransformerTraining(blocks=3, context_noise_fraction=0.0, context_blur_fraction=0.0, own_context_fraction=own)
+        loss = Spy().loss([sample], np.random.default_rng(0), torch.Generator().manual_seed(0), config)
+        return dict(calls[-1], loss=loss, calls=len(calls))
+
+    true, own = read(0.0), read(1.0)
+    assert true["calls"] == 1 and own["calls"] == 2
+    torch.testing.assert_close(true["clean"][0], sample.latents)
+    torch.testing.assert_close(own["clean"], marker)
+    torch.testing.assert_close(own["before"][0, :, 1], sample.before[:, 1])  # block 2 follows a jump: its true frame before
+    torch.testing.assert_close(own["before"][0, :, 2], marker[0, :, 5])  # block 3 follows block 2: the guess's last frame
+    assert not torch.allclose(own["before"][0, :, 2], sample.before[:, 2])
+    assert true["loss"] == 0 and own["loss"] == 0  # the target is the true blocks, whatever the context

@@ -27,7 +27,8 @@ transformer starts as a copy of the frame each block is given
 noised (still at t = 0), so the model tolerates its own imperfect blocks in
 the cache, and so is the last frame each block is given in its condition
 channels (`conditioning.last_frame_condition`, built as the engine builds
-it). After the motion phase half the samples carry the start image
+it). Some samples (`own_context_fraction`) read the model's own one-step
+guesses as their context instead, against the true targets. After the motion phase half the samples carry the start image
 (image-to-video), half none (text-to-video; see `builtin_world_model`).
 """
 
@@ -72,6 +73,10 @@ class TransformerTraining:
     # targets kept sharp: a one-step model's own blocks are soft (a text-to-video first block most of
     # all), and the blocks after them should sharpen what they are given rather than keep its blur.
     context_blur_fraction: float = 0.5
+    # Samples whose context is the model's own one-step guess of each block (given the true blocks before
+    # it), the targets kept true: what the engine's cache holds is its own output, and training on it
+    # teaches the next block to pull back towards the world rather than carry the error on (exposure bias).
+    own_context_fraction: float = 0.0
     held_out: int = 16  # trajectories kept out of training, for the context probe
     gap_fraction: float = 0.6  # sequences whose later blocks jump ahead, as after the window slides (most of a session)
     switch_weight: float = 0.3  # loss weight of blocks in a prompt transition (they carry most of the copy's error)
@@ -163,6 +168,7 @@ class Sample:
     before: torch.Tensor  # (z, blocks, h, w): the trajectory's latent frame just before each block (zero for block 0)
     switching: tuple[bool, ...] = ()  # per block: its prompt mix differs from the block before it (a transition)
     views: tuple = ()  # per block: (pose of the frame it is given, its frames' poses), in the session's frame
+    indices: tuple[int, ...] = ()  # per block: its index in the trajectory
 
     @classmethod
     def of_blocks(cls, latents: torch.Tensor, chosen: list[int], fpb: int, mixes: list, poses: list, image: bool) -> "Sample":
@@ -171,7 +177,7 @@ class Sample:
         before = torch.stack([latents[:, i * fpb - 1] if i > 0 else torch.zeros_like(latents[:, 0]) for i in chosen], dim=1).float()
         switching = tuple(i > 0 and mixes[i] != mixes[i - 1] for i in chosen)
         views = session_views(poses[: max(chosen) + 1])
-        return cls(frames, [mixes[i] for i in chosen], [poses[i] for i in chosen], image, before, switching, tuple(views[i] for i in chosen))
+        return cls(frames, [mixes[i] for i in chosen], [poses[i] for i in chosen], image, before, switching, tuple(views[i] for i in chosen), tuple(chosen))
 
 
 def session_views(relative: list[tuple[Pose, ...]]) -> list[tuple[Pose, tuple[Pose, ...]]]:
@@ -254,9 +260,16 @@ class TeacherForcing:
         before = torch.stack([s.before for s in samples])
         blur = rng.random(b) < cfg.context_blur_fraction
         clean = x0
+        if cfg.own_context_fraction > 0:  # drawn only then, so recipes without it replay as they did
+            own = rng.random(b) < cfg.own_context_fraction
+            if own.any():
+                guess, guessed_before = self.own_context(samples, before, generator)
+                rows = torch.from_numpy(own).view(b, 1, 1, 1, 1)
+                clean, before = torch.where(rows, guess, clean), torch.where(rows, guessed_before, before)
+                blur &= ~own
         if blur.any():
             factors = rng.choice(BLUR_FACTORS, size=b)
-            clean = torch.stack([soften(x, int(f)) if on else x for x, on, f in zip(x0, blur, factors)])
+            clean = torch.stack([soften(x, int(f)) if on else x for x, on, f in zip(clean, blur, factors)])
             before = torch.stack([soften(x, int(f)) if on else x for x, on, f in zip(before, blur, factors)])
         clean = clean + aug * cfg.context_noise * torch.randn(x0.shape, generator=generator)
         before = before + aug * cfg.context_noise * torch.randn(before.shape, generator=generator)
@@ -266,6 +279,24 @@ class TeacherForcing:
         per_weight = x0.shape[1] * x0.shape[3] * x0.shape[4]  # values each weight entry covers
         # A weighted mean (the plain MSE when every weight is 1); a batch of transitions only, at weight 0, gives 0.
         return ((v.float() - (noise - x0)) ** 2 * weight).sum() / (weight.sum() * per_weight).clamp_min(1.0)
+
+    @torch.no_grad()
+    def own_context(self, samples: list[Sample], before: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each block as the model makes it in one step from the schedule's first sigma, given the true
+        blocks before it, and the frame before each block taken from those guesses where the block before
+        it is in the sample (else the true one): the contexts of `TransformerTraining.own_context_fraction`."""
+        x0 = torch.stack([s.latents for s in samples])
+        b, n = x0.shape[0], len(samples[0].mixes)
+        sigma = float(self.sigmas[0])
+        noise = torch.randn(x0.shape, generator=generator)
+        v = self.velocity(samples, x0, np.full((b, n), sigma), noise, before)
+        guess = (((1 - sigma) * x0 + sigma * noise) - sigma * v).float()  # x0 = x_sigma - sigma * (noise - x0)
+        guessed_before = before.clone()
+        for row, s in enumerate(samples):
+            for k in range(1, n):
+                if s.indices and s.indices[k] == s.indices[k - 1] + 1:
+                    guessed_before[row, :, k] = guess[row, :, k * self.fpb - 1]
+        return guess, guessed_before
 
     def condition(self, samples: list[Sample], x0: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
         """Each block's last-frame channels, as the engine gives them: (B, 4 + z, F, h, w). Block 0 gets the
