@@ -93,6 +93,10 @@ def test_bad_arguments_are_one_line_errors(capsys) -> None:
     assert "unknown stage 'paint'" in capsys.readouterr().err
     assert cli.main(["train-world", "--workers", "0"]) == 2
     assert "--workers must be at least 1" in capsys.readouterr().err
+    assert cli.main(["train-world", "--own-context", "1.5"]) == 2
+    assert "--own-context must be between 0 and 1, not 1.5" in capsys.readouterr().err
+    assert cli.main(["train-world", "--first-block-weight", "0"]) == 2
+    assert "--first-block-weight must be above 0" in capsys.readouterr().err
 
 
 def test_anchor_target_is_each_chunks_last_frame_pooled_and_folded() -> None:
@@ -387,3 +391,17 @@ def test_an_own_context_is_the_models_one_step_guess_and_the_target_stays_true()
     torch.testing.assert_close(own["before"][0, :, 2], marker[0, :, 5])  # block 3 follows block 2: the guess's last frame
     assert not torch.allclose(own["before"][0, :, 2], sample.before[:, 2])
     assert true["loss"] == 0 and own["loss"] == 0  # the target is the true blocks, whatever the context
+
+
+def test_block_weights_pick_out_transitions_and_text_to_video_first_blocks() -> None:
+    from deployments.generation.camera import Pose
+    from deployments.training.transformer_training import Sample, TransformerTraining, block_weight
+
+    mixes = [(("a city plaza", 1.0),), (("a city plaza", 0.5), ("a lava field", 0.5)), (("a lava field", 1.0),)]
+    latents = torch.zeros(4, 9, 8, 8)
+    cfg = TransformerTraining(switch_weight=0.25, first_block_weight=3.0)
+    text_only = Sample.of_blocks(latents, [0, 1, 2], 3, mixes, [(Pose(),) * 3] * 3, False)
+    with_image = Sample.of_blocks(latents, [0, 1, 2], 3, mixes, [(Pose(),) * 3] * 3, True)
+    assert [block_weight(cfg, text_only, k) for k in range(3)] == [3.0, 0.25, 0.25]
+    assert [block_weight(cfg, with_image, k) for k in range(3)] == [1.0, 0.25, 0.25]
+    assert [block_weight(TransformerTraining(), text_only, k) for k in range(3)] == [1.0, 0.3, 0.3]

@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--motion-steps", type=int, help="of those, the first ones on image-to-video samples without prompt transitions (default: 1250)")
     parser.add_argument("--context-blur", type=float, metavar="FRACTION", help="share of samples whose context is blurred, targets kept sharp (default: 0.5)")
     parser.add_argument("--own-context", type=float, metavar="FRACTION", help="share of samples whose context is the model's own one-step guess of each block, targets kept true (default: 0)")
+    parser.add_argument("--first-block-weight", type=float, metavar="W", help="loss weight of a text-to-video sample's first block (default: 1)")
     parser.add_argument("--switch-weight", type=float, metavar="W", help="loss weight of blocks inside a prompt transition, after the motion steps (default: 0.3)")
     parser.add_argument("--init-from", metavar="DIR", help="go on from shipped weights (e.g. deployments/models/weights/world): their VAE is kept, training starts from their transformer")
     parser.add_argument("--workers", type=int, help="rendering processes (default: 2)")
@@ -68,8 +69,12 @@ def main(args: argparse.Namespace) -> int:
         if value is not None and not 0.0 <= value <= 1.0:
             print(f"rtv train-world: {flag} must be between 0 and 1, not {value}", file=sys.stderr)
             return 2
+    if args.first_block_weight is not None and not args.first_block_weight > 0:
+        print(f"rtv train-world: --first-block-weight must be above 0, not {args.first_block_weight}", file=sys.stderr)
+        return 2
     recipe = (("steps", args.steps), ("motion_steps", args.motion_steps), ("context_blur_fraction", args.context_blur),
-              ("own_context_fraction", args.own_context), ("switch_weight", args.switch_weight))
+              ("own_context_fraction", args.own_context), ("switch_weight", args.switch_weight),
+              ("first_block_weight", args.first_block_weight))
     for name, value in recipe:
         if value is not None:
             config = replace(config, transformer=replace(config.transformer, **{name: value}))

@@ -77,6 +77,9 @@ class TransformerTraining:
     # it), the targets kept true: what the engine's cache holds is its own output, and training on it
     # teaches the next block to pull back towards the world rather than carry the error on (exposure bias).
     own_context_fraction: float = 0.0
+    # Loss weight of a text-to-video sample's first block: made from nothing but the prompt and the camera,
+    # it has one right answer per prompt at the origin, and a one-step model that underfits it makes blur.
+    first_block_weight: float = 1.0
     held_out: int = 16  # trajectories kept out of training, for the context probe
     gap_fraction: float = 0.6  # sequences whose later blocks jump ahead, as after the window slides (most of a session)
     switch_weight: float = 0.3  # loss weight of blocks in a prompt transition (they carry most of the copy's error)
@@ -274,7 +277,7 @@ class TeacherForcing:
         clean = clean + aug * cfg.context_noise * torch.randn(x0.shape, generator=generator)
         before = before + aug * cfg.context_noise * torch.randn(before.shape, generator=generator)
         v = self.velocity(samples, clean, sig, noise, before)
-        weight = torch.tensor([[cfg.switch_weight if k < len(s.switching) and s.switching[k] else 1.0 for k in range(n)] for s in samples])
+        weight = torch.tensor([[block_weight(cfg, s, k) for k in range(n)] for s in samples])
         weight = weight.repeat_interleave(self.fpb, dim=1).view(b, 1, -1, 1, 1)
         per_weight = x0.shape[1] * x0.shape[3] * x0.shape[4]  # values each weight entry covers
         # A weighted mean (the plain MSE when every weight is 1); a batch of transitions only, at weight 0, gives 0.
@@ -340,6 +343,13 @@ class TeacherForcing:
         finally:
             self._camera = None
         return out[:, :, frames:]
+
+
+def block_weight(cfg: TransformerTraining, sample: Sample, k: int) -> float:
+    """Loss weight of block k of a sample: transitions weigh `switch_weight`, a text-to-video first block `first_block_weight`."""
+    if k < len(sample.switching) and sample.switching[k]:
+        return cfg.switch_weight
+    return cfg.first_block_weight if k == 0 and not sample.image else 1.0
 
 
 def draw_samples(rng: np.random.Generator, recipe: TransformerTraining, fpb: int, latents: list[torch.Tensor], mixes: list[list],
