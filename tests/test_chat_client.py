@@ -27,7 +27,7 @@ import pytest
 from clients import cli
 from clients.media.video_file import PcmTimeline, decode_audio_pcm16, iter_audio_pcm16, iter_frames, pick_frame_times, probe_video
 from clients.sdk.chat import ChatStreamClient, chat_url, session_config_message
-from clients.sdk.errors import ClientInputError
+from clients.sdk.errors import ClientInputError, ClientProtocolError
 from deployments.media.testclips import make_test_clip
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -673,3 +673,25 @@ def test_chat_stream_client_api(clips) -> None:
     ]
     kinds = [type(e).__name__ for e in result.events]
     assert kinds[0] == "ServerError" and kinds[-1] == "SessionDone"
+
+
+@pytest.mark.timeout(60)
+def test_a_server_message_that_breaks_the_contract_ends_the_session_as_a_protocol_error() -> None:
+    from websockets.asyncio.server import serve
+
+    async def handler(ws) -> None:
+        await ws.recv()  # session.config
+        await ws.send(json.dumps({"type": "response.text.delta", "delta": 5}))
+        await ws.wait_closed()
+
+    async def main():
+        async with serve(handler, "127.0.0.1", 0) as srv:
+            url = f"ws://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+            async with ChatStreamClient(url) as client:
+                await client.configure()
+                with pytest.raises(ClientProtocolError, match=r"response.text.delta breaks the contract \(delta"):
+                    await client.done(timeout=10)
+            return client.result()
+
+    result = asyncio.run(main())
+    assert result.protocol_error.startswith("response.text.delta breaks the contract") and result.close_code == 1002

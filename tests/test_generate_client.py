@@ -449,6 +449,17 @@ def test_client_refuses_wrong_byte_length() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_client_refuses_metadata_that_breaks_the_contract_naming_the_field() -> None:
+    async def script(ws):
+        bad = json.loads(_meta(4)) | {"num_frames": True}
+        await ws.send(json.dumps(bad))
+        await ws.send(b"abcd")
+
+    got = _fake_server_run(script)
+    assert isinstance(got, ClientProtocolError) and "video.chunk_metadata breaks the contract (num_frames" in str(got)
+
+
+@pytest.mark.timeout(60)
 def test_client_refuses_text_between_metadata_and_binary() -> None:
     async def script(ws):
         await ws.send(_meta(4))

@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from clients.sdk.connection import WebSocketClient, connect_kwargs, endpoint_url, open_websocket, short
-from clients.sdk.errors import ClientConnectionError, ClientError, ClientInputError, ClientProtocolError, ClientTimeoutError, ServerError, SessionEndedError
+from clients.sdk.errors import ClientConnectionError, ClientError, ClientInputError, ClientProtocolError, ClientTimeoutError, ServerError, SessionEndedError, server_error
+from deployments.protocol import server_messages as wire
 from clients.sdk.connection import one_line as _one_line
 
 PATH = "/v1/video/chat/stream"
@@ -400,10 +401,6 @@ def encode_jpeg(image: Any, quality: int = DEFAULT_JPEG_QUALITY) -> bytes:
     return out.getvalue()
 
 
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _query_error(error: ServerError) -> bool | None:
     """True: about a query; False: about a frame or audio chunk; None: cannot tell."""
     text = error.message.lower()
@@ -730,7 +727,12 @@ class ChatStreamClient(WebSocketClient):
                         self._result.protocol_error = f"server sent a text message that is not a JSON object: {short(raw)}"
                         await ws.close(1002)
                         break
-                    event = self._dispatch(data, now)
+                    try:
+                        event = self._dispatch(data, now)
+                    except wire.MalformedMessage as exc:
+                        self._result.protocol_error = str(exc)
+                        await ws.close(1002)
+                        break
                 self._result.events.append(event)
                 if self.on_event is not None:
                     try:
@@ -751,73 +753,47 @@ class ChatStreamClient(WebSocketClient):
             await self._finish()
 
     def _dispatch(self, data: dict, now: float) -> Event:
+        """A received JSON object -> its event, read with the contract's models (MalformedMessage if it breaks them)."""
         r = self._result
-        kind = data.get("type")
+        message = wire.read_message(data, wire.CHAT_MESSAGES)
         active = self._active if self._active is not None and not self._active.finished else None
-        if kind == "video.frame.ack":
-            reason = data.get("reason")
-            ack = FrameAck(
-                frame_id=data.get("frame_id"),
-                accepted=bool(data.get("accepted")),
-                buffered_frames=_int_or_none(data.get("buffered_frames")),
-                reason=reason if isinstance(reason, str) else None,
-                received_at=now,
-                raw=data,
-            )
+        if isinstance(message, wire.FrameAck):
+            ack = FrameAck(message.frame_id, message.accepted, message.buffered_frames, message.reason, now, data)
             r.acks[ack.frame_id] = ack
             return ack
-        if kind == "response.start":
+        if isinstance(message, wire.ResponseStart):
             event: Event = ResponseStart(now, data)
             if active is not None and active.answer.started_at is None:
                 active.answer.started_at = now
             else:
                 r.stray.append(event)
             return event
-        if kind == "response.text.delta":
-            delta = data.get("delta")
-            event = TextDelta(delta if isinstance(delta, str) else "", now)
+        if isinstance(message, wire.TextDelta):
+            event = TextDelta(message.delta, now)
             if active is not None:
                 active.answer.deltas.append(event)
                 active._push(event)
             else:
                 r.stray.append(event)
             return event
-        if kind == "response.text.done":
-            text = data.get("text")
-            event = TextDone(text if isinstance(text, str) else "", now, data)
+        if isinstance(message, wire.TextDone):
+            event = TextDone(message.text, now, data)
             if active is not None:
                 active.answer.text = event.text
                 active._end("done", now)
             else:
                 r.stray.append(event)
             return event
-        if kind == "response.evs_stats":
-            drop = data.get("drop_rate")
-            stats = EvsStats(
-                retained_count=_int_or_none(data.get("retained_count")),
-                dropped_count=_int_or_none(data.get("dropped_count")),
-                total_count=_int_or_none(data.get("total_count")),
-                drop_rate=float(drop) if isinstance(drop, (int, float)) and not isinstance(drop, bool) else None,
-                received_at=now,
-                raw=data,
-            )
+        if isinstance(message, wire.EvsStats):
+            stats = EvsStats(message.retained_count, message.dropped_count, message.total_count, float(message.drop_rate), now, data)
             r.evs_stats = stats
             return stats
-        if kind == "session.done":
+        if isinstance(message, wire.ChatSessionDone):
             done = SessionDone(now, data)
             r.done = done
             return done
-        if kind == "error":
-            message = data.get("message")
-            code = data.get("code")
-            error = ServerError(
-                message=message if isinstance(message, str) else short(data),
-                code=code if isinstance(code, str) else None,
-                received_at=now,
-                request_id=data.get("request_id") if isinstance(data.get("request_id"), str) else None,
-                event_id=data.get("event_id") if isinstance(data.get("event_id"), str) else None,
-                raw=data,
-            )
+        if isinstance(message, wire.ErrorMessage):
+            error = server_error(message, now, data)
             r.errors.append(error)
             if "frame_id" in data:
                 r.frame_errors[data.get("frame_id")] = error
@@ -829,6 +805,7 @@ class ChatStreamClient(WebSocketClient):
                 elif active.answer.started_at is not None and about_query:
                     active.answer.error = error  # response.text.done still ends the answer
             return error
+        kind = data.get("type")
         unknown = UnknownMessage(kind if isinstance(kind, str) else None, data, now)
         r.unknown.append(unknown)
         return unknown

@@ -61,3 +61,9 @@ class ServerError:
 
     def summary(self) -> dict:
         return {k: v for k, v in self.raw.items() if k != "type"} | {"received_at_seconds": self.received_at}
+
+
+def server_error(message, received_at: float, raw: dict) -> ServerError:
+    """An `error` read with the contract's model (`deployments.protocol.server_messages.ErrorMessage`), either endpoint."""
+    event_id = message.event_id if isinstance(message.event_id, str) else None
+    return ServerError(message.message, message.code, received_at, message.request_id, event_id, raw)

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, Union
 
 from clients.sdk.connection import WebSocketClient, connect_kwargs, endpoint_url, open_websocket, short
-from clients.sdk.errors import ClientConnectionError, ClientError, ClientInputError, ClientProtocolError, ServerError, SessionEndedError
+from clients.sdk.errors import ClientConnectionError, ClientError, ClientInputError, ClientProtocolError, ServerError, SessionEndedError, server_error
+from deployments.protocol import server_messages as wire
 from deployments.contract.timeline import (
     FRAMES_PER_BLOCK,
     TEMPORAL_FACTOR,
@@ -433,68 +434,48 @@ def interaction_message(
     return _as_the_server_reads_it({"type": "session.interaction", "interaction": body}, "parse_control_message")
 
 
-def _positive_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+def read(data: dict) -> wire.ServerMessage | None:
+    """A received JSON object as the contract's model (None for a type the video contract does not name)."""
+    try:
+        return wire.read_message(data, wire.VIDEO_MESSAGES)
+    except wire.MalformedMessage as exc:
+        raise ClientProtocolError(str(exc)) from None
 
 
-def parse_video_start(data: dict, received_at: float) -> VideoStart:
-    """`video.start` -> VideoStart. Geometry (latent frames per block, temporal factor, pipeline depth)
-    is read from the `generation` object our server adds; other servers get the defaults."""
-    if not isinstance(data.get("request_id"), str):
-        raise ClientProtocolError(f"video.start without a request_id string: {short(data)}")
-    config = data.get("config") if isinstance(data.get("config"), dict) else {}
-    generation = data.get("generation") if isinstance(data.get("generation"), dict) else {}
-    fpb = _positive_int(generation.get("frames_per_block"))
-    tf = _positive_int(generation.get("scale_factor_temporal"))
-    depth = generation.get("pipeline_depth")
-    seed = data.get("seed")
+def video_start(message: wire.VideoStart, received_at: float, raw: dict) -> VideoStart:
+    """Geometry (latent frames per block, temporal factor, pipeline depth) is read from the `generation`
+    object our server adds; other servers get the defaults."""
+    generation = message.generation or wire.GenerationInfo()
+    fpb, tf = generation.frames_per_block, generation.scale_factor_temporal
     return VideoStart(
-        request_id=data["request_id"],
-        format=data.get("format", FORMAT),
-        config=config,
+        request_id=message.request_id,
+        format=message.format,
+        config=message.config,
         received_at=received_at,
-        replica_id=data.get("replica_id"),
-        session_id=data.get("session_id"),
-        seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
+        replica_id=message.replica_id,
+        session_id=message.session_id,
+        seed=message.seed,
         frames_per_block=fpb or FRAMES_PER_BLOCK,
         temporal_factor=tf or TEMPORAL_FACTOR,
         geometry_from_server=bool(fpb and tf),
-        pipeline_depth=depth if isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0 else 0,
-        raw=data,
+        pipeline_depth=generation.pipeline_depth,
+        raw=raw,
     )
 
 
-def parse_chunk_metadata(data: dict) -> ChunkMetadata:
-    def ids(name: str) -> tuple[str, ...]:
-        value = data.get(name) or []
-        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-            raise ClientProtocolError(f"video.chunk_metadata {name} must be a list of strings: {short(data)}")
-        return tuple(value)
-
-    kind = data.get("kind")
-    if kind not in ("media", "trailer"):
-        raise ClientProtocolError(f"video.chunk_metadata kind must be 'media' or 'trailer', got {kind!r}")
-    for name in ("num_frames", "byte_length", "transport_chunk_index", "fragment_frames"):
-        if name not in data and name == "fragment_frames":
-            continue
-        value = data.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ClientProtocolError(f"video.chunk_metadata {name} must be a non-negative integer, got {value!r}")
-    gen = data.get("generation_chunk_index")
-    if gen is not None and (isinstance(gen, bool) or not isinstance(gen, int)):
-        raise ClientProtocolError(f"video.chunk_metadata generation_chunk_index must be an integer or null, got {gen!r}")
+def chunk_metadata(message: wire.ChunkMetadata, raw: dict) -> ChunkMetadata:
     return ChunkMetadata(
-        request_id=data.get("request_id"),
-        kind=kind,
-        num_frames=data["num_frames"],
-        byte_length=data["byte_length"],
-        transport_chunk_index=data["transport_chunk_index"],
-        generation_chunk_index=gen,
-        started_event_ids=ids("started_event_ids"),
-        active_event_ids=ids("active_event_ids"),
-        completed_event_ids=ids("completed_event_ids"),
-        raw=data,
-        fragment_frames=data.get("fragment_frames", data["num_frames"]),
+        request_id=message.request_id,
+        kind=message.kind,
+        num_frames=message.num_frames,
+        byte_length=message.byte_length,
+        transport_chunk_index=message.transport_chunk_index,
+        generation_chunk_index=message.generation_chunk_index,
+        started_event_ids=tuple(message.started_event_ids),
+        active_event_ids=tuple(message.active_event_ids),
+        completed_event_ids=tuple(message.completed_event_ids),
+        raw=raw,
+        fragment_frames=message.num_frames if message.fragment_frames is None else message.fragment_frames,
     )
 
 
@@ -674,8 +655,9 @@ class VideoStreamClient(WebSocketClient):
                     f"video.chunk_metadata (transport_chunk_index {self._pending.transport_chunk_index}) was followed by "
                     f"a {short(str(kind), 60)!r} message instead of its binary frame"
                 )
-            if kind == "video.chunk_metadata":
-                metadata = parse_chunk_metadata(data)
+            message = read(data)
+            if isinstance(message, wire.ChunkMetadata):
+                metadata = chunk_metadata(message, data)
                 expected = len(self._result.chunks)
                 if metadata.transport_chunk_index != expected:
                     raise ClientProtocolError(
@@ -684,7 +666,7 @@ class VideoStreamClient(WebSocketClient):
                     )
                 self._pending = metadata
                 continue
-            event = self._typed(kind, data, now)
+            event = self._typed(message, data, now)
             self._result.last_message = event
             if isinstance(event, SessionDone):
                 self._finish()
@@ -707,37 +689,29 @@ class VideoStreamClient(WebSocketClient):
         self._result.last_message = chunk
         return chunk
 
-    def _typed(self, kind: Any, data: dict, now: float) -> Event:
+    def _typed(self, message: wire.ServerMessage | None, data: dict, now: float) -> Event:
         r = self._result
-        if kind == "video.start":
-            start = parse_video_start(data, now)
+        if isinstance(message, wire.VideoStart):
+            start = video_start(message, now, data)
             r.start = start
             return start
-        if kind == "session.interaction.queued":
-            event = InteractionQueued(data.get("request_id"), str(data.get("event_id")), now)
+        if isinstance(message, wire.InteractionQueued):
+            event = InteractionQueued(message.request_id, message.event_id, now)
             r.queued.append(event)
             return event
-        if kind == "error":
-            message = data.get("message")
-            event = ServerError(
-                message=message if isinstance(message, str) else short(data),
-                code=data.get("code") if isinstance(data.get("code"), str) else None,
-                received_at=now,
-                request_id=data.get("request_id"),
-                event_id=data.get("event_id"),
-                raw=data,
-            )
-            r.errors.append(event)
-            return event
-        if kind == "session.done":
-            chunks = data.get("chunks")
-            done = SessionDone(data.get("request_id"), chunks if isinstance(chunks, int) else -1, bool(data.get("stopped")), now)
+        if isinstance(message, wire.ErrorMessage):
+            error = server_error(message, now, data)
+            r.errors.append(error)
+            return error
+        if isinstance(message, wire.VideoSessionDone):
+            done = SessionDone(message.request_id, message.chunks, message.stopped, now)
             r.done = done
             return done
-        if kind == "session.pong":
+        if isinstance(message, wire.VideoPong):
             pong = Pong(now)
             r.pongs.append(pong)
             return pong
+        kind = data.get("type")
         unknown = UnknownMessage(kind if isinstance(kind, str) else None, data, now)
         r.unknown.append(unknown)
         return unknown

@@ -59,6 +59,7 @@ from deployments.protocol.errors import (
     ProtocolError,
     error_message,
 )
+from deployments.protocol import server_messages
 from deployments.protocol.jsonwire import byte_length, loads, short
 
 # -- limits (PROTOCOL.md section 2) --------------------------------------------------
@@ -411,34 +412,25 @@ def new_response_id() -> str:
 
 def response_start(response_id: str | None = None, **extra: Any) -> dict:
     """`{"type": "response.start"}` (all vLLM-Omni sends); `response_id` and `extra` are additive."""
-    out: dict[str, Any] = {"type": "response.start"}
-    if response_id is not None:
-        out["response_id"] = response_id
-    out.update(extra)
-    return out
+    return server_messages.ResponseStart(response_id=response_id, **extra).wire()
 
 
 def text_delta(delta: str, **extra: Any) -> dict:
-    return {"type": "response.text.delta", "delta": delta, **extra}
+    return server_messages.TextDelta(delta=delta, **extra).wire()
 
 
 def text_done(text: str, **extra: Any) -> dict:
-    """Always sent after response.start, also when the query failed (then with the text so far)."""
-    return {"type": "response.text.done", "text": text, **extra}
+    return server_messages.TextDone(text=text, **extra).wire()
 
 
 def evs_stats(retained: int, dropped: int, total: int) -> dict:
-    return {
-        "type": "response.evs_stats",
-        "retained_count": retained,
-        "dropped_count": dropped,
-        "total_count": total,
-        "drop_rate": dropped / total if total else 0.0,
-    }
+    return server_messages.EvsStats(
+        retained_count=retained, dropped_count=dropped, total_count=total, drop_rate=dropped / total if total else 0.0
+    ).wire()
 
 
 def session_done(**extra: Any) -> dict:
-    return {"type": "session.done", **extra}
+    return server_messages.ChatSessionDone(**extra).wire()
 
 
 def frame_ack(
@@ -451,20 +443,10 @@ def frame_ack(
     dropped_frame_id: str | int | None = None,
     **extra: Any,
 ) -> dict:
-    """`video.frame.ack`, only for frames that carry a `frame_id`; `reason` when not accepted (e.g. "filtered")."""
-    out: dict[str, Any] = {
-        "type": "video.frame.ack",
-        "frame_id": frame_id,
-        "pts_ms": pts_ms,
-        "accepted": accepted,
-        "buffered_frames": buffered_frames,
-    }
-    if reason is not None:
-        out["reason"] = reason
-    if dropped_frame_id is not None:
-        out["dropped_frame_id"] = dropped_frame_id
-    out.update(extra)
-    return out
+    return server_messages.FrameAck(
+        frame_id=frame_id, pts_ms=pts_ms, accepted=accepted, buffered_frames=buffered_frames, reason=reason,
+        dropped_frame_id=dropped_frame_id, **extra,
+    ).wire()
 
 
 def error(message: str, code: str | None = None, **extra: Any) -> dict:
@@ -473,4 +455,4 @@ def error(message: str, code: str | None = None, **extra: Any) -> dict:
 
 
 def pong() -> dict:
-    return {"type": "pong"}
+    return server_messages.ChatPong().wire()

@@ -86,15 +86,9 @@ def error_message(
     **extra: Any,
 ) -> dict:
     """`{"type": "error", "message": ...}` with `code`, `request_id`, `event_id` and extras only when known."""
-    out: dict[str, Any] = {"type": "error", "message": message}
-    if code is not None:
-        out["code"] = code
-    if request_id is not None:
-        out["request_id"] = request_id
-    if event_id is not None:
-        out["event_id"] = event_id
-    out.update({k: v for k, v in extra.items() if v is not None})
-    return out
+    from deployments.protocol.server_messages import ErrorMessage
+
+    return ErrorMessage(message=message, code=code, request_id=request_id, event_id=event_id, **extra).wire()
 
 
 # -- errors other layers raise, so their codes and texts stay in one place --------------

@@ -47,6 +47,7 @@ from deployments.protocol.errors import (
     UNKNOWN_TYPE,
     ProtocolError,
 )
+from deployments.protocol import server_messages
 from deployments.protocol.jsonwire import byte_length, loads, short
 
 FORMAT = "m4s"
@@ -756,7 +757,7 @@ def new_request_id() -> str:
 
 
 def video_start(request_id: str, config: dict, format: str = FORMAT, **extra: Any) -> dict:
-    return {"type": "video.start", "request_id": request_id, "format": format, "config": config, **extra}
+    return server_messages.VideoStart(request_id=request_id, format=format, config=config, **extra).wire()
 
 
 def chunk_metadata(
@@ -772,30 +773,27 @@ def chunk_metadata(
     **extra: Any,
 ) -> dict:
     """Sent right before each binary frame; a trailer has no generation chunk index. `extra`: additive fields."""
-    if kind not in ("media", "trailer"):
-        raise ValueError(f"kind must be 'media' or 'trailer', got {kind!r}")
-    return {
-        "type": "video.chunk_metadata",
-        "request_id": request_id,
-        "kind": kind,
-        "num_frames": num_frames,
-        "byte_length": byte_length,
-        "transport_chunk_index": transport_chunk_index,
-        "generation_chunk_index": generation_chunk_index if kind == "media" else None,
-        "started_event_ids": list(started),
-        "active_event_ids": list(active),
-        "completed_event_ids": list(completed),
+    return server_messages.ChunkMetadata(
+        request_id=request_id,
+        kind=kind,
+        num_frames=num_frames,
+        byte_length=byte_length,
+        transport_chunk_index=transport_chunk_index,
+        generation_chunk_index=generation_chunk_index if kind == "media" else None,
+        started_event_ids=list(started),
+        active_event_ids=list(active),
+        completed_event_ids=list(completed),
         **extra,
-    }
+    ).wire()
 
 
 def interaction_queued(request_id: str, event_id: str) -> dict:
-    return {"type": "session.interaction.queued", "request_id": request_id, "event_id": event_id}
+    return server_messages.InteractionQueued(request_id=request_id, event_id=event_id).wire()
 
 
 def session_done(request_id: str, chunks: int, stopped: bool) -> dict:
-    return {"type": "session.done", "request_id": request_id, "chunks": chunks, "stopped": stopped}
+    return server_messages.VideoSessionDone(request_id=request_id, chunks=chunks, stopped=stopped).wire()
 
 
 def pong() -> dict:
-    return {"type": "session.pong"}
+    return server_messages.VideoPong().wire()
