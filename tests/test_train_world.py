@@ -95,6 +95,8 @@ def test_bad_arguments_are_one_line_errors(capsys) -> None:
     assert "--workers must be at least 1" in capsys.readouterr().err
     assert cli.main(["train-world", "--own-context", "1.5"]) == 2
     assert "--own-context must be between 0 and 1, not 1.5" in capsys.readouterr().err
+    assert cli.main(["train-world", "--transitions", "-0.1"]) == 2
+    assert "--transitions must be between 0 and 1" in capsys.readouterr().err
     assert cli.main(["train-world", "--first-block-weight", "0"]) == 2
     assert "--first-block-weight must be above 0" in capsys.readouterr().err
 
@@ -405,3 +407,21 @@ def test_block_weights_pick_out_transitions_and_text_to_video_first_blocks() -> 
     assert [block_weight(cfg, text_only, k) for k in range(3)] == [3.0, 0.25, 0.25]
     assert [block_weight(cfg, with_image, k) for k in range(3)] == [1.0, 0.25, 0.25]
     assert [block_weight(TransformerTraining(), text_only, k) for k in range(3)] == [1.0, 0.3, 0.3]
+
+
+def test_transition_samples_end_inside_a_prompt_transition() -> None:
+    from deployments.generation.camera import Pose
+    from deployments.training.transformer_training import TransformerTraining, draw_samples, transition_blocks
+
+    fpb, blocks = 3, 6
+    plaza, lava = (("a city plaza", 1.0),), (("a lava field", 1.0),)
+    mixes = [[plaza] * 4 + [lava] * 2, [plaza] * 6, [plaza] * 3 + [(("a city plaza", 0.5), ("a lava field", 0.5))] + [lava] * 2]
+    latents = [torch.full((2, fpb * blocks, 4, 4), float(i)) for i in range(3)]
+    poses = [[(Pose(),) * fpb] * blocks] * 3
+    assert transition_blocks(mixes, fpb, latents, 4) == [(0, [0, 2, 3, 4]), (2, [0, 1, 2, 3]), (2, [0, 2, 3, 4])]
+    rng = np.random.default_rng(0)
+    recipe = TransformerTraining(batch=4, blocks=4, transition_fraction=1.0)
+    drawn = [s for _ in range(20) for s in draw_samples(rng, recipe, fpb, latents, mixes, poses, text_to_video=[0, 1])]
+    assert all(s.switching[-1] for s in drawn)  # each sample's last block is a transition block
+    assert {int(s.latents[0, 0, 0, 0]) for s in drawn if not s.image} == {0}  # text-to-video only from the listed trajectories
+    assert {int(s.latents[0, 0, 0, 0]) for s in drawn if s.image} == {0, 2}

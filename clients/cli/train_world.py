@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context-blur", type=float, metavar="FRACTION", help="share of samples whose context is blurred, targets kept sharp (default: 0.5)")
     parser.add_argument("--own-context", type=float, metavar="FRACTION", help="share of samples whose context is the model's own one-step guess of each block, targets kept true (default: 0)")
     parser.add_argument("--first-block-weight", type=float, metavar="W", help="loss weight of a text-to-video sample's first block (default: 1)")
+    parser.add_argument("--transitions", type=float, metavar="FRACTION", help="share of samples drawn to end inside a prompt transition (default: 0, as they come)")
     parser.add_argument("--switch-weight", type=float, metavar="W", help="loss weight of blocks inside a prompt transition, after the motion steps (default: 0.3)")
     parser.add_argument("--init-from", metavar="DIR", help="go on from shipped weights (e.g. deployments/models/weights/world): their VAE is kept, training starts from their transformer")
     parser.add_argument("--workers", type=int, help="rendering processes (default: 2)")
@@ -65,7 +66,8 @@ def main(args: argparse.Namespace) -> int:
         config = replace(config, init_from=Path(args.init_from))
     if args.vae_steps is not None:
         config = replace(config, vae=config.vae.scaled(steps=args.vae_steps))
-    for flag, value in (("--context-blur", args.context_blur), ("--own-context", args.own_context), ("--switch-weight", args.switch_weight)):
+    for flag, value in (("--context-blur", args.context_blur), ("--own-context", args.own_context), ("--transitions", args.transitions),
+                        ("--switch-weight", args.switch_weight)):
         if value is not None and not 0.0 <= value <= 1.0:
             print(f"rtv train-world: {flag} must be between 0 and 1, not {value}", file=sys.stderr)
             return 2
@@ -74,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     recipe = (("steps", args.steps), ("motion_steps", args.motion_steps), ("context_blur_fraction", args.context_blur),
               ("own_context_fraction", args.own_context), ("switch_weight", args.switch_weight),
-              ("first_block_weight", args.first_block_weight))
+              ("first_block_weight", args.first_block_weight), ("transition_fraction", args.transitions))
     for name, value in recipe:
         if value is not None:
             config = replace(config, transformer=replace(config.transformer, **{name: value}))

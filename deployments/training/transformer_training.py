@@ -80,6 +80,10 @@ class TransformerTraining:
     # Loss weight of a text-to-video sample's first block: made from nothing but the prompt and the camera,
     # it has one right answer per prompt at the origin, and a one-step model that underfits it makes blur.
     first_block_weight: float = 1.0
+    # Samples drawn so that a prompt transition falls in them (the rest as they come, where about one block
+    # in eight is one): a model that mostly sees blocks whose text matches their context learns to copy the
+    # context's colours and keep them when the prompt changes.
+    transition_fraction: float = 0.0
     held_out: int = 16  # trajectories kept out of training, for the context probe
     gap_fraction: float = 0.6  # sequences whose later blocks jump ahead, as after the window slides (most of a session)
     switch_weight: float = 0.3  # loss weight of blocks in a prompt transition (they carry most of the copy's error)
@@ -357,13 +361,33 @@ def draw_samples(rng: np.random.Generator, recipe: TransformerTraining, fpb: int
     """One batch: each sample a run of blocks of a random trajectory, with the start image or (from
     `text_to_video` when given) without."""
     samples = []
+    switches = None
     for _ in range(recipe.batch):
         image = bool(rng.random() < recipe.image_fraction)
         pool = text_to_video if not image and text_to_video else None
+        if recipe.transition_fraction > 0 and rng.random() < recipe.transition_fraction:  # drawn only then: old recipes replay
+            switches = switches if switches is not None else transition_blocks(mixes, fpb, latents, recipe.blocks)
+            allowed = switches if pool is None else [c for c in switches if c[0] in set(pool)]
+            if allowed:
+                t, chosen = allowed[int(rng.integers(len(allowed)))]
+                samples.append(Sample.of_blocks(latents[t], chosen, fpb, mixes[t], poses[t], image))
+                continue
         t = int(pool[rng.integers(len(pool))]) if pool else int(rng.integers(len(latents)))
         chosen = sequence_blocks(rng, latents[t].shape[1] // fpb, recipe.blocks, recipe.gap_fraction)
         samples.append(Sample.of_blocks(latents[t], chosen, fpb, mixes[t], poses[t], image))
     return samples
+
+
+def transition_blocks(mixes: list[list], fpb: int, latents: list[torch.Tensor], blocks: int) -> list[tuple[int, list[int]]]:
+    """Every (trajectory, sequence) whose last block is inside a prompt transition: the sink block, then the
+    blocks just before it, so the block learns the change from a context that still shows the old prompt."""
+    out = []
+    for t, per_block in enumerate(mixes):
+        available = latents[t].shape[1] // fpb
+        for i in range(blocks - 1, available):
+            if per_block[i] != per_block[i - 1]:
+                out.append((t, [0] + list(range(i - blocks + 2, i + 1))))
+    return out
 
 
 BLUR_FACTORS = (2, 4)  # a context is softened by averaging over this many latent pixels a side, then spread back
