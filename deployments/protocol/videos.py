@@ -347,16 +347,27 @@ def video_object(record: JobRecord) -> dict:
     ).model_dump(mode="json")
 
 
+class VideoList(BaseModel):
+    """A page of `GET /v1/videos`, as OpenAI's list objects are."""
+
+    object: Literal["list"] = "list"
+    data: list[VideoObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class VideoDeleted(BaseModel):
+    id: str
+    object: Literal["video.deleted"] = "video.deleted"
+    deleted: bool = True
+
+
 def video_list(page: JobPage) -> dict:
     data = [video_object(record) for record in page.data]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": page.has_more,
-    }
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    return VideoList(data=data, first_id=first, last_id=last, has_more=page.has_more).model_dump(mode="json")
 
 
 def video_deleted(video_id: str) -> dict:
-    return {"id": video_id, "object": "video.deleted", "deleted": True}
+    return VideoDeleted(id=video_id).model_dump(mode="json")
