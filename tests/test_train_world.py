@@ -150,11 +150,12 @@ def test_the_context_probe_tells_a_model_that_reads_its_context_from_one_that_do
     assert blind["motion_sign_agreement"] < 1.0
 
 
-@pytest.mark.parametrize("reprojection", [None, 1.0])
-def test_teacher_forcing_predicts_what_the_engine_predicts(tmp_path, reprojection) -> None:
+@pytest.mark.parametrize("reprojection,switch", [(None, None), (1.0, None), (1.0, 0), (None, 2)])
+def test_teacher_forcing_predicts_what_the_engine_predicts(tmp_path, reprojection, switch) -> None:
     """A block's velocity under teacher forcing equals the engine's first denoising step of that block,
     given the same earlier block, noise, prompt and camera: the model is trained on what it is served
-    (with the last frame reprojected to the turning camera's poses too)."""
+    (with the last frame reprojected to the turning camera's poses too, and with the prompt switched
+    before the block, at once or over `switch` blocks)."""
     from deployments.contract.events import Interaction
     from deployments.contract.session_spec import SessionSpec
     from deployments.generation.checkpoint import load_world_model
@@ -169,8 +170,10 @@ def test_teacher_forcing_predicts_what_the_engine_predicts(tmp_path, reprojectio
     session = engine.open_session(SessionSpec(prompt="a sandy desert", height=64, width=64, seed=3))
     first = engine.generate_block(session)
     turn = Interaction(event_id="turn", actions=(("l", "w"),) * 3)
+    if switch is not None:
+        turn = Interaction(event_id="turn", actions=turn.actions, prompt="a lava field", transition_chunks=switch)
     session.submit(turn)
-    director = Director("a sandy desert", 3, accepts_camera=True)  # the same session's poses, as a trajectory stores them
+    director = Director("a sandy desert", 3, accepts_camera=True)  # the same session's poses and prompts, as a trajectory stores them
     plans = [director.plan_block()]
     director.submit(turn)
     plans.append(director.plan_block())
@@ -194,7 +197,9 @@ def test_teacher_forcing_predicts_what_the_engine_predicts(tmp_path, reprojectio
                              frames_per_block=3, shift=parts.flow_shift, config=TransformerTraining(blocks=2),
                              ground_depth=parts.reprojection_ground_depth)
     latents = torch.cat([first.latents[0], second.latents[0]], dim=1)
-    sample = Sample.of_blocks(latents, [0, 1], 3, [(("a sandy desert", 1.0),)] * 2, poses, False)
+    mixes = [plan.prompt_mix for plan in plans]
+    assert (mixes[1] != mixes[0]) == (switch is not None)
+    sample = Sample.of_blocks(latents, [0, 1], 3, mixes, poses, False)
     noise = torch.cat([torch.zeros_like(seen["noise"]), seen["noise"]], dim=2)
     sig = np.array([[0.5, session.sigmas[0]]])
     with torch.no_grad():
