@@ -11,6 +11,8 @@ import numpy as np
 import websockets
 from PIL import Image
 
+from deployments.protocol.server_messages import CHAT_MESSAGES, read_message
+
 CHAT_PATH = "/v1/video/chat/stream"
 
 
@@ -47,6 +49,7 @@ class Chat:
                 self.close_code = exc.rcvd.code if exc.rcvd else None
                 return None
             message = json.loads(raw)
+            read_message(message, CHAT_MESSAGES)  # a served message that breaks the contract fails the test
             self.messages.append(message)
             if predicate(message):
                 return message

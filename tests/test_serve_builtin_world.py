@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(300)
 from deployments.models.builtin_world_model import weights_available  # noqa: E402
 
 if not weights_available():
-    # `rtv train-world` writes them; none good enough to ship yet (issue 14's note says what they lack).
+    # They ship with the checkout (deployments/models/weights/world/); a checkout without them has nothing to test here.
     pytest.skip("the trained built-in world model's weights are not in deployments/models/weights/world/", allow_module_level=True)
 
 APP, PREFIX = "builtin-world", "/builtin"

@@ -1,4 +1,8 @@
-"""Raw WebSocket helpers for end-to-end tests: they speak the wire format, nothing more."""
+"""Raw WebSocket helpers for end-to-end tests: they speak the wire format, nothing more.
+
+Every JSON message received is read with the endpoint's contract models
+(`deployments/protocol/server_messages.py`): a served message that breaks
+them fails the test that received it, whatever the test was about."""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 
 import websockets
+
+from deployments.protocol.server_messages import CHAT_MESSAGES, VIDEO_MESSAGES, read_message
 
 
 @dataclass
@@ -70,12 +76,19 @@ async def receive(ws, transcript: Transcript, timeout: float = 60.0) -> dict | N
             transcript.media.append((last, raw))
             continue
         message = json.loads(raw)
+        check_contract(ws, message)
         if transcript.messages and transcript.messages[-1].get("type") == "video.chunk_metadata" and (
             not transcript.media or transcript.media[-1][0] is not transcript.messages[-1]
         ):
             transcript.order_errors.append(f"{message.get('type')} came between chunk_metadata and its binary")
         transcript.messages.append(message)
         return message
+
+
+def check_contract(ws, message: dict) -> None:
+    """Read a received message with its endpoint's contract (the one the socket's path names)."""
+    contract = CHAT_MESSAGES if ws.request.path.split("?")[0].endswith("/chat/stream") else VIDEO_MESSAGES
+    read_message(message, contract)  # MalformedMessage names the field
 
 
 async def until(ws, transcript: Transcript, predicate, timeout: float = 60.0) -> dict | None:
