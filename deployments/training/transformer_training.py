@@ -28,8 +28,8 @@ noised (still at t = 0), so the model tolerates its own imperfect blocks in
 the cache, and so is the last frame each block is given in its condition
 channels (`conditioning.last_frame_condition`, built as the engine builds
 it). Some samples (`own_context_fraction`) read the model's own one-step
-guesses as their context instead, against the true targets. After the motion phase half the samples carry the start image
-(image-to-video), half none (text-to-video; see `builtin_world_model`).
+guesses as their context instead, against the true targets. After the
+motion phase half the samples carry the start image (image-to-video), half none (text-to-video; see `builtin_world_model`).
 """
 
 from __future__ import annotations
@@ -367,7 +367,8 @@ def draw_samples(rng: np.random.Generator, recipe: TransformerTraining, fpb: int
         pool = text_to_video if not image and text_to_video else None
         if recipe.transition_fraction > 0 and rng.random() < recipe.transition_fraction:  # drawn only then: old recipes replay
             switches = switches if switches is not None else transition_blocks(mixes, fpb, latents, recipe.blocks)
-            allowed = switches if pool is None else [c for c in switches if c[0] in set(pool)]
+            listed = None if pool is None else set(pool)
+            allowed = switches if listed is None else [c for c in switches if c[0] in listed]
             if allowed:
                 t, chosen = allowed[int(rng.integers(len(allowed)))]
                 samples.append(Sample.of_blocks(latents[t], chosen, fpb, mixes[t], poses[t], image))
