@@ -141,7 +141,7 @@ def wait_for(predicate, timeout: float, interval: float = 0.2):
 
 def chat_app_args(model_dir, omni_dir, **overrides) -> dict:
     """`app_args` with the tiny understanding model, answering in a few tokens."""
-    return app_args(model_dir, understanding_model=str(omni_dir), chat_min_new_tokens=2, chat_max_new_tokens=4, **overrides)
+    return app_args(model_dir, **{"understanding_model": str(omni_dir), "chat_min_new_tokens": 2, "chat_max_new_tokens": 4, **overrides})
 
 
 def app_args(model_dir, **overrides) -> dict:
