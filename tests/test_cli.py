@@ -247,12 +247,12 @@ def test_action_script_parses_empty_key_lists(tmp_path: pathlib.Path) -> None:
 # name -> (argv after `rollout` with {t2v} {i2v} {nocam} {inputs} {out} placeholders, action script text or None, what stderr must say)
 BAD_INPUTS = {
     "invalid-json": ([], '[[["w"], [], []]', "not valid JSON"),
-    "script-not-a-list": ([], '{"blocks": []}', "top level is a JSON object"),
-    "script-empty": ([], "[]", "has no blocks"),
-    "block-not-a-list": ([], '["w"]', "block 0 is a JSON string"),
-    "wrong-frames-per-block": ([], '[[["w"], [], []], [["w"], []]]', "block 1 has 2 latent frames, expected 3"),
-    "frame-not-a-list": ([], '[["w", "a", "s"]]', "block 0 frame 0 is a JSON string"),
-    "non-string-key": ([], '[[["w"], [1], []]]', "non-string key 1"),
+    "script-not-a-list": ([], '{"blocks": []}', "must be a list with one entry per block, each a list of 3 per-latent-frame lists of keys, got a JSON object"),
+    "script-empty": ([], "[]", "got no blocks"),
+    "block-not-a-list": ([], '["w"]', "json[0]: must be a list of 3 per-latent-frame lists of keys (the model's frames per block), got a JSON string"),
+    "wrong-frames-per-block": ([], '[[["w"], [], []], [["w"], []]]', "json[1]: must be a list of 3 per-latent-frame lists of keys (the model's frames per block), got 2 latent frames"),
+    "frame-not-a-list": ([], '[["w", "a", "s"]]', "json[0][0] must be a list of keys, got a JSON string"),
+    "non-string-key": ([], '[[["w"], [1], []]]', "json[0][1] has unknown key 1; keys are a d i j k l s w"),
     "unknown-key": ([], '[[["w"], ["q"], []]]', "unknown key 'q'"),
     "height-not-multiple": (["--height", "60"], None, "height must be a positive multiple of 16"),
     "width-zero": (["--width", "0"], None, "width must be a positive multiple of 16"),

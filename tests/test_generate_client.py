@@ -503,7 +503,7 @@ def test_message_builders(tmp_path: pathlib.Path) -> None:
     png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 8
     assert image_bytes_data_url(png).startswith("data:image/png;base64,")
     assert image_bytes_data_url(b"\xff\xd8\xff\xe0rest").startswith("data:image/jpeg;base64,")
-    with pytest.raises(ClientInputError, match="not a PNG or JPEG"):
+    with pytest.raises(ClientInputError, match="not a PNG, JPEG or WebP"):
         image_bytes_data_url(b"GIF89a")
     message = interaction_message(event_id="e", prompt="q", transition_chunks=2, actions=[["w"], []])
     assert message == {"type": "session.interaction", "interaction": {

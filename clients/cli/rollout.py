@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Callable
 
 from clients.sdk.connection import one_line as _one_line
+from deployments.contract.actions import Actions
 
 DEFAULT_HEIGHT = 64
 DEFAULT_WIDTH = 64
 DEFAULT_NUM_BLOCKS = 4
 DEFAULT_SEED = 0
 
-Actions = tuple[tuple[str, ...], ...]
 
 
 class RolloutInputError(ValueError):
@@ -44,11 +44,12 @@ class RolloutInputError(ValueError):
 
 def load_action_script(path: str | os.PathLike, frames_per_block: int) -> list[Actions]:
     """Read an action script: a JSON list with one entry per block, each a list of
-    exactly `frames_per_block` per-latent-frame lists of key strings (w a s d i j k l).
+    exactly `frames_per_block` per-latent-frame lists of key strings (w a s d i j k l),
+    checked by the server's own parser (`deployments.contract.actions`).
 
     Returns one tuple of per-latent-frame key tuples per block; raises RolloutInputError.
     """
-    from deployments.contract.keys import KEYS
+    from deployments.contract.actions import by_block, parse_action_script
 
     p = Path(path)
     if not p.is_file():
@@ -59,43 +60,10 @@ def load_action_script(path: str | os.PathLike, frames_per_block: int) -> list[A
         raise RolloutInputError(f"action script {p} is not UTF-8 text: {_one_line(exc)}") from None
     except json.JSONDecodeError as exc:
         raise RolloutInputError(f"action script {p} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    return parse_action_script(data, frames_per_block, source=str(p), keys=KEYS)
-
-
-def parse_action_script(data: object, frames_per_block: int, source: str = "action script", keys=None) -> list[Actions]:
-    """Validate already-decoded action-script JSON; see `load_action_script`."""
-    if keys is None:
-        from deployments.contract.keys import KEYS as keys
-    where = f"action script {source}" if source != "action script" else source
-    shape_hint = f"expected a JSON list with one entry per block, each a list of {frames_per_block} per-latent-frame lists of keys"
-    if not isinstance(data, list):
-        raise RolloutInputError(f"{where}: top level is a JSON {_json_type(data)}; {shape_hint}")
-    if not data:
-        raise RolloutInputError(f"{where} has no blocks; {shape_hint}")
-    blocks: list[Actions] = []
-    for b, block in enumerate(data):
-        if not isinstance(block, list):
-            raise RolloutInputError(f"{where}: block {b} is a JSON {_json_type(block)}, expected a list of {frames_per_block} per-latent-frame key lists")
-        if len(block) != frames_per_block:
-            raise RolloutInputError(
-                f"{where}: block {b} has {len(block)} latent frames, expected {frames_per_block} (the model's num_frames_per_block)"
-            )
-        frames = []
-        for f, frame in enumerate(block):
-            if not isinstance(frame, list):
-                raise RolloutInputError(f"{where}: block {b} frame {f} is a JSON {_json_type(frame)}, expected a list of key strings")
-            for key in frame:
-                if not isinstance(key, str):
-                    raise RolloutInputError(f"{where}: block {b} frame {f} has non-string key {json.dumps(key)}; keys are strings among {' '.join(sorted(keys))}")
-                if key not in keys:
-                    raise RolloutInputError(f"{where}: block {b} frame {f} has unknown key {key!r}; keys are {' '.join(sorted(keys))}")
-            frames.append(tuple(frame))
-        blocks.append(tuple(frames))
-    return blocks
-
-
-def _json_type(value: object) -> str:
-    return {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+    try:
+        return by_block(parse_action_script(data, frames_per_block, name=f"action script {p}"), frames_per_block)
+    except ValueError as exc:
+        raise RolloutInputError(str(exc)) from None
 
 
 def load_image(path: str | os.PathLike):

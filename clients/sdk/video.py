@@ -24,7 +24,6 @@ Times (`received_at`) are seconds since `session.start` was sent, from
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import time
@@ -36,6 +35,7 @@ from typing import Any, Union
 
 from clients.sdk.connection import WebSocketClient, connect_kwargs, endpoint_url, open_websocket, short
 from clients.sdk.errors import ClientConnectionError, ClientError, ClientInputError, ClientProtocolError, ServerError, SessionEndedError, server_error
+from deployments.contract import images
 from deployments.protocol import server_messages as wire
 from deployments.contract.timeline import (
     FRAMES_PER_BLOCK,
@@ -46,12 +46,6 @@ from deployments.contract.timeline import (
 
 PATH = "/v1/realtime/video"
 FORMAT = "m4s"
-
-
-_IMAGE_TYPES = {  # magic bytes -> media type of the data URL
-    b"\x89PNG\r\n\x1a\n": "image/png",
-    b"\xff\xd8\xff": "image/jpeg",
-}
 
 
 # =====================================================================================
@@ -306,7 +300,7 @@ class SessionResult:
 # Helpers (pure)
 # =====================================================================================
 def image_data_url(path: str | os.PathLike) -> str:
-    """An image file as a `data:image/...;base64,` URL: PNG and JPEG as they are, anything else
+    """An image file as a `data:image/...;base64,` URL: PNG, JPEG and WebP as they are, anything else
     Pillow reads re-encoded as PNG; raises ClientInputError."""
     p = Path(path)
     if not p.is_file():
@@ -333,11 +327,11 @@ def image_data_url(path: str | os.PathLike) -> str:
 
 
 def image_bytes_data_url(data: bytes, source: str = "image") -> str:
-    """PNG / JPEG bytes as a data URL (the type is read off the magic bytes, not a file name)."""
-    for magic, media_type in _IMAGE_TYPES.items():
-        if data.startswith(magic):
-            return f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"
-    raise ClientInputError(f"{source} is not a PNG or JPEG file")
+    """PNG, JPEG or WebP bytes as a data URL (the type is read off the bytes, not a file name)."""
+    kind = images.media_type(data)
+    if kind is None:
+        raise ClientInputError(f"{source} is not a PNG, JPEG or WebP file")
+    return images.data_url(data, kind)
 
 
 def image_reference(path_or_url: str | os.PathLike) -> dict:

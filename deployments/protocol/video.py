@@ -33,7 +33,7 @@ from pydantic import (
 
 from deployments.contract import timeline
 from deployments.contract.events import CameraCommand, Interaction
-from deployments.contract.keys import KEYS
+from deployments.contract.actions import parse_action_script, parse_actions
 from deployments.contract.session_spec import PacingSettings, SessionSpec
 from deployments.protocol.errors import (
     CLOSE_POLICY,
@@ -54,7 +54,6 @@ FORMAT = "m4s"
 IMAGE_MAX_PIXELS = 4096 * 4096  # a start image larger than this is refused before it is decoded
 EVENT_ID_MAX_CHARS = 256  # ids ride on every chunk's metadata
 CAMERA_TRANSLATION_LIMIT = 1e6
-_KEY_LIST = " ".join(sorted(KEYS))
 ACTION_SCRIPT_EVENT_ID = "camera_action_script"  # how extra_params.camera_action_script's progress shows in chunk metadata
 
 
@@ -673,45 +672,6 @@ def parse_camera(payload: Any) -> CameraCommand:
     if not math.isfinite(norm) or norm < 1e-12:
         raise ValueError("camera rotation must be a non-zero quaternion")
     return CameraCommand(mode=mode, translation=translation, rotation=rotation)
-
-
-def parse_actions(payload: Any) -> tuple[tuple[str, ...], ...]:
-    """`[[keys of latent frame 0], [keys of frame 1], ...]`; an empty inner list is a frame with no key held."""
-    if not isinstance(payload, list) or not payload:
-        raise ValueError("actions must be a non-empty list of per-latent-frame key lists")
-    frames = []
-    for i, frame in enumerate(payload):
-        if not isinstance(frame, list):
-            raise ValueError(f"actions[{i}] must be a list of keys")
-        for key in frame:
-            if not isinstance(key, str) or key not in KEYS:
-                raise ValueError(f"actions[{i}] has unknown key {short(repr(key), 32)}; keys are {_KEY_LIST}")
-        frames.append(tuple(frame))
-    return tuple(frames)
-
-
-def parse_action_script(script: Any, frames_per_block: int, num_blocks: int | None = None, *, name: str = "actions") -> tuple[tuple[str, ...], ...]:
-    """An action script (`examples/actions.json`: one entry per block, each `frames_per_block` lists of keys),
-    flattened to one key set per latent frame. Raises ValueError naming the entry, as `name[block][frame]`."""
-    shape = f"a list with one entry per block, each a list of {frames_per_block} per-latent-frame lists of keys"
-    if not isinstance(script, list) or not script:
-        raise ValueError(f"{name}: must be {shape}")
-    if num_blocks is not None and len(script) > num_blocks:
-        raise ValueError(f"{name}: {len(script)} blocks of actions for a video of {num_blocks} blocks")
-    frames = []
-    for b, block in enumerate(script):
-        if not isinstance(block, list) or len(block) != frames_per_block:
-            raise ValueError(f"{name}[{b}]: must be a list of {frames_per_block} per-latent-frame lists of keys")
-        frames.extend(block)
-    try:
-        return parse_actions(frames)
-    except ValueError as exc:
-        # parse_actions counts latent frames over the whole script: name the block too.
-        def label(m: re.Match) -> str:
-            index = int(m.group(1))
-            return f"{name}[{index // frames_per_block}][{index % frames_per_block}]"
-
-        raise ValueError(re.sub(r"actions\[(\d+)\]", label, str(exc), count=1)) from None
 
 
 # x264 options a client may set per session (`extra_params.video_codec_options`) and what each takes. Nothing

@@ -11,7 +11,6 @@ same messages; only the prefix differs ("Invalid video request:" for
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 from collections.abc import Iterable
@@ -20,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
+from deployments.contract import actions as held_keys
+from deployments.contract import images
 from deployments.contract.session_spec import SessionSpec
 from deployments.protocol import video
 from deployments.protocol.errors import (
@@ -156,23 +157,17 @@ def _json_or_text(text: str) -> Any:
         return text
 
 
-_IMAGE_MAGIC = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"))
-_IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp")
-
-
 def image_data_url(data: bytes, content_type: str | None = None) -> str:
     """An uploaded image as the data URL `image_reference` takes; the type is read from the bytes first."""
     if len(data) > IMAGE_MAX_BYTES:
         raise ApiError(413, f"input_reference: the image is larger than {IMAGE_MAX_BYTES} bytes", param="input_reference",
                        code=MESSAGE_TOO_LARGE)
-    mime = next((m for magic, m in _IMAGE_MAGIC if data.startswith(magic)), None)
-    if mime is None and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        mime = "image/webp"
-    if mime is None and content_type in _IMAGE_TYPES:
+    mime = images.media_type(data)
+    if mime is None and content_type in images.MEDIA_TYPES:
         mime = content_type  # let the decoder say what is wrong with it
     if mime is None:
         raise invalid(f"{REQUEST_PREFIX}input_reference: must be a PNG, JPEG or WebP image", param="input_reference")
-    return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+    return images.data_url(data, mime)
 
 
 @dataclass(frozen=True)
@@ -243,9 +238,9 @@ def parse_video_create(
 
 
 def parse_action_script(script: Any, frames_per_block: int, num_blocks: int) -> tuple[tuple[str, ...], ...]:
-    """The job's `actions` (see `video.parse_action_script`); raises ApiError."""
+    """The job's `actions` (see `held_keys.parse_action_script`); raises ApiError."""
     try:
-        return video.parse_action_script(script, frames_per_block, num_blocks)
+        return held_keys.parse_action_script(script, frames_per_block, num_blocks)
     except ValueError as exc:
         raise invalid(f"{REQUEST_PREFIX}{exc}", param="actions") from None
 
