@@ -102,6 +102,8 @@ class TimedSession:
     started_at: float  # when session.start was sent
     chunk_at: list[float] = field(default_factory=list)  # arrival of each media chunk's binary frame
     chunk_frames: list[int] = field(default_factory=list)
+    # Per media chunk: arrival here minus the replica's `frames_ready_at` stamp (one host, one clock).
+    overhead_s: list[float] = field(default_factory=list)
     error: str | None = None
 
     @property
@@ -128,6 +130,8 @@ async def stream_timed(url: str, prompt: str, blocks: int, size: tuple[int, int]
         elif isinstance(event, VideoChunk) and event.kind == "media":
             timed.chunk_at.append(now)
             timed.chunk_frames.append(event.num_frames)
+            if event.serving_overhead is not None:
+                timed.overhead_s.append(event.serving_overhead)
 
     result = await stream_session(url, prompt, blocks=blocks, seed=seed, size=f"{size[0]}x{size[1]}", extra=extra,
                                   on_event=on_event, open_timeout=30.0, event_timeout=120.0)

@@ -1,14 +1,18 @@
 """Bench 1, serving overhead: the same sessions on the engine in-process and through Serve + WebSocket.
 
-For each round, one session runs in this process (engine, then fMP4 encode,
-inline) and the same session (prompt, seed, size) runs through the served app
-and a WebSocket client; the two alternate so load drift hits both. Overhead
-per chunk k >= 1 = the client's interval between chunks k-1 and k minus the
-in-process `generate_block` time of block k (the served replica encodes
-block k-1 while block k is generated, so that interval is one block's engine
-time plus what serving adds). Time to first chunk: session.start sent ->
-first media binary on the client, against open_session + block 0 + its
-encode in-process.
+Overhead per chunk, on one clock: the replica stamps each media chunk with the
+moment its block's frames were decoded (`frames_ready_at`, Unix seconds) and
+the client, on the same host, notes when the fragment arrived; the difference
+is everything serving adds (encode, Ray, ingress, WebSocket). `chunk_overhead`
+reports it for every media chunk, p50 and p99.
+
+For comparison, each round also runs one session in this process (engine,
+then fMP4 encode, inline) beside the same session served; the two alternate so
+load drift hits both. `interval_overhead` is the older estimate: the client's
+interval between chunks k-1 and k minus the in-process time of block k. It
+swings with this machine's load by more than the target it is meant to check.
+Time to first chunk: session.start sent -> first media binary on the client,
+against open_session + block 0 + its encode in-process.
 """
 
 from __future__ import annotations
@@ -55,18 +59,18 @@ def run(args) -> dict:
 
     engine_by_round = dict(engine_runs)
     errors = [t.error for _, t in served_runs if t.error]
-    chunk_overhead, block_s, interval_s, first_overhead = [], [], [], []
+    interval_overhead, block_s, interval_s, first_overhead = [], [], [], []
     for r, timed in served_runs:
         mine = engine_by_round[r]
         block_s += mine.block_s[1:]
         interval_s += timed.intervals_s
-        chunk_overhead += [served - engine for served, engine in zip(timed.intervals_s, mine.block_s[1:])]
+        interval_overhead += [served - engine for served, engine in zip(timed.intervals_s, mine.block_s[1:])]
         if timed.first_chunk_s is not None:
             first_overhead.append(timed.first_chunk_s - mine.first_chunk_s)
     engine_first = [run.first_chunk_s for _, run in engine_runs]
     served_first = [t.first_chunk_s for _, t in served_runs if t.first_chunk_s is not None]
 
-    overhead = common.ms_stats(chunk_overhead)
+    overhead = common.ms_stats([s for _, timed in served_runs for s in timed.overhead_s])
     first = common.ms_stats(first_overhead)
     return {
         "results": {
@@ -79,13 +83,15 @@ def run(args) -> dict:
             "replica_engine_block": common.ms_stats(replica_runs),
             "engine_block_with_block0": common.ms_stats([sum(run.block_s) / len(run.block_s) for _, run in engine_runs]),
             "chunk_overhead": overhead,
+            "interval_overhead": common.ms_stats(interval_overhead),
             "engine_first_chunk": common.ms_stats(engine_first),
             "served_first_chunk": common.ms_stats(served_first),
             "first_chunk_overhead": first,
             "served_errors": errors,
         },
         "targets": [
-            common.target("serving overhead per chunk, p50", overhead["p50_ms"], 5.0, unit="ms"),
+            common.target("serving overhead per chunk, p50", overhead["p50_ms"], 2.0, unit="ms"),
+            common.target("serving overhead per chunk, p99", overhead["p99_ms"], 10.0, unit="ms"),
             common.target("time to first chunk overhead, p50", first["p50_ms"], 50.0, unit="ms"),
         ],
     }

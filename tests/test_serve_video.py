@@ -42,7 +42,9 @@ async def full_session(address, **fields):
 
 # -- a whole session ---------------------------------------------------------------
 def test_full_session_streams_a_playable_fmp4(address):
+    began = time.time()
     first, t = run(full_session(address, prompt="a lighthouse", num_frames=33, seed=5))
+    ended = time.time()
     assert first["type"] == "video.start" and first["format"] == "m4s"
     assert first["request_id"].startswith("video_stream-") and len(first["request_id"]) == len("video_stream-") + 32
     assert first["config"] == {"prompt": "a lighthouse", "num_frames": 33, "seed": 5}
@@ -53,6 +55,9 @@ def test_full_session_streams_a_playable_fmp4(address):
     assert [meta["generation_chunk_index"] for meta, _ in t.media] == [0, 1, 2, None]
     assert [meta["num_frames"] for meta, _ in t.media] == [9, 12, 12, 0]  # what each block generated (the seed's count)
     assert [meta["fragment_frames"] for meta, _ in t.media] == [8, 12, 12, 1]  # what each binary frame completes
+    # When the replica had each block's frames (one host, one clock): in order, within the session; none on the trailer.
+    stamps = [meta.get("frames_ready_at") for meta, _ in t.media]
+    assert stamps[-1] is None and began < stamps[0] <= stamps[1] <= stamps[2] < ended
     assert t.media[0][1][4:8] == b"ftyp"
     assert t.done == {"type": "session.done", "request_id": first["request_id"], "chunks": 4, "stopped": False}
     assert t.close_code == 1000

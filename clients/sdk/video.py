@@ -89,6 +89,7 @@ class ChunkMetadata:
     raw: dict = field(default_factory=dict, repr=False, compare=False)
     # Frames this binary frame completes (our additive `fragment_frames`; a server without it: `num_frames`).
     fragment_frames: int = 0
+    frames_ready_at: float | None = None  # ours: Unix seconds when the replica had the block's frames
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,15 @@ class VideoChunk:
     data: bytes = field(repr=False)
     received_at: float  # when the binary frame arrived
     latency_seconds: float  # since the previous binary frame (the first: since session.start was sent)
+    received_wall: float | None = None  # the same arrival in Unix seconds (time.time())
+
+    @property
+    def serving_overhead(self) -> float | None:
+        """Seconds from the replica having the block's frames to their fragment reaching this client:
+        encode, Ray, ingress and WebSocket. Meaningful on the server's host (one clock); None when the
+        server sends no `frames_ready_at`."""
+        ready = self.metadata.frames_ready_at
+        return None if ready is None or self.received_wall is None else self.received_wall - ready
 
     @property
     def kind(self) -> str:
@@ -136,6 +146,7 @@ class VideoChunk:
             "byte_length": m.byte_length,
             "received_at_seconds": self.received_at,
             "latency_seconds": self.latency_seconds,
+            "serving_overhead_seconds": self.serving_overhead,
             "started_event_ids": list(m.started_event_ids),
             "active_event_ids": list(m.active_event_ids),
             "completed_event_ids": list(m.completed_event_ids),
@@ -470,6 +481,7 @@ def chunk_metadata(message: wire.ChunkMetadata, raw: dict) -> ChunkMetadata:
         completed_event_ids=tuple(message.completed_event_ids),
         raw=raw,
         fragment_frames=message.num_frames if message.fragment_frames is None else message.fragment_frames,
+        frames_ready_at=message.frames_ready_at,
     )
 
 
@@ -678,7 +690,7 @@ class VideoStreamClient(WebSocketClient):
             )
         previous = self._last_binary_at if self._last_binary_at is not None else 0.0
         self._last_binary_at = now
-        chunk = VideoChunk(pending, data, now, now - previous)
+        chunk = VideoChunk(pending, data, now, now - previous, time.time())
         self._result.chunks.append(chunk)
         self._result.last_message = chunk
         return chunk

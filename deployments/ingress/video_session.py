@@ -141,6 +141,7 @@ class VideoSession(WebSocketSession):
                         active=list(item.active_event_ids),
                         completed=list(item.completed_event_ids),
                         fragment_frames=item.num_frames,
+                        frames_ready_at=item.frames_ready_at,
                     ),
                     item.data,
                 )

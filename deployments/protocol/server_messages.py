@@ -72,9 +72,10 @@ class VideoStart(ServerMessage):
 
 class ChunkMetadata(ServerMessage):
     """Sent right before each binary frame. `num_frames` is what the block generated (0 on the trailer);
-    `fragment_frames` (ours) is what the fragment that follows holds."""
+    `fragment_frames` (ours) is what the fragment that follows holds; `frames_ready_at` (ours) is when the
+    replica had the block's frames, in Unix seconds, so a client on the same host can time what serving adds."""
 
-    omit_when_none = frozenset({"fragment_frames"})
+    omit_when_none = frozenset({"fragment_frames", "frames_ready_at"})
 
     type: Literal["video.chunk_metadata"] = "video.chunk_metadata"
     request_id: StrictStr | None = None
@@ -87,6 +88,7 @@ class ChunkMetadata(ServerMessage):
     active_event_ids: list[StrictStr] = Field(default_factory=list)
     completed_event_ids: list[StrictStr] = Field(default_factory=list)
     fragment_frames: Count | None = Field(default=None, ge=0)
+    frames_ready_at: Number | None = None
 
 
 class InteractionQueued(ServerMessage):

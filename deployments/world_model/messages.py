@@ -36,6 +36,9 @@ class MediaChunk:
     started_event_ids: tuple[str, ...] = ()
     active_event_ids: tuple[str, ...] = ()
     completed_event_ids: tuple[str, ...] = ()
+    # Wall-clock seconds (time.time()) when the block's frames were decoded: the client's arrival time minus
+    # this is what serving adds to the engine (encode, Ray, ingress, WebSocket), on one host's clock.
+    frames_ready_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -230,9 +230,11 @@ class WorldModelServer:
                 # shielded like the block, so a cancelled stream never closes a session mid-decode.
                 if self.overlap_decode:
                     decoding = asyncio.ensure_future(self.decodes.submit(sid))
-                    piece = await encoder.encode(await asyncio.shield(decoding))
+                    decoded = await asyncio.shield(decoding)
                 else:
-                    piece = await encoder.encode(block.frames)
+                    decoded = block.frames
+                frames_ready_at = time.time()
+                piece = await encoder.encode(decoded)
                 if clock is not None:
                     if step.playback is not None:
                         clock.observe_playback(step.playback)
@@ -250,6 +252,7 @@ class WorldModelServer:
                     meta.started_event_ids,
                     meta.active_event_ids,
                     meta.completed_event_ids,
+                    frames_ready_at,
                 )
             for failure in step.failures:
                 yield failure
