@@ -48,6 +48,10 @@ class AppConfig(BaseModel):
     autoscaling_downscale_delay_s: PositiveFloat = 60.0
     max_sessions_per_replica: PositiveInt | None = 4  # None: as many as the memory budget allows
     max_batch_sessions: PositiveInt = 8  # sessions of a replica denoised together in one forward, at most
+    # Blocks of a throwaway session each replica runs at start (default size, every step: denoise, decode,
+    # encode) before it says it is ready, so the first real session does not pay for first-call setup.
+    # 0 turns it off.
+    warmup_blocks: int = Field(default=2, ge=0, le=64)
     # Decode each block beside the next block's denoising; None: on GPU replicas, off on CPU ones.
     decode_beside_next_block: bool | None = None
     replica_cpus: float = Field(1.0, ge=0.0)

@@ -41,6 +41,26 @@ async def full_session(address, **fields):
 
 
 # -- a whole session ---------------------------------------------------------------
+def test_each_replica_warmed_up_before_it_answered_readiness_and_kept_nothing(address):
+    """A throwaway session of two blocks (block 0, then a steady one: denoised, decoded, encoded) ran on
+    every replica before its model_info answered; its state is gone and it took no slot."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle("WorldModel", APP)
+    seen = {}
+    for _ in range(200):  # calls spread over the replicas: ask until both have ended their warm-up
+        stats = handle.stats.remote().result(timeout_s=60)
+        if stats["warm_up"]["seconds"] is not None:
+            seen[stats["replica_id"]] = stats
+        if len(seen) == 2:
+            break
+        time.sleep(0.1)
+    assert len(seen) == 2
+    for stats in seen.values():
+        assert stats["warm_up"]["blocks"] == 2 and stats["warm_up"]["error"] is None and stats["warm_up"]["seconds"] > 0
+        assert all(rank["engine_sessions"] == 0 and rank["session_bytes"] == 0 for rank in stats["ranks"])
+
+
 def test_full_session_streams_a_playable_fmp4(address):
     began = time.time()
     first, t = run(full_session(address, prompt="a lighthouse", num_frames=33, seed=5))

@@ -80,7 +80,62 @@ class WorldModelServer:
             self.replica_id = "local"
         self.metrics = ReplicaMetrics("video")
         self.slots = SessionSlots(self.capacity, on_change=self.metrics.slots)
-        logger.info("world model %s ready: %d session slots, %.1f MiB per session", path, self.capacity, self.footprint.total / 2**20)
+        self.warm_up: dict = {"blocks": 0, "seconds": None, "error": None}
+        self._warming: asyncio.Future | None = None
+        try:
+            asyncio.get_running_loop()
+            self._warmed()  # Serve builds replicas on their event loop: start at once, answer readiness after
+        except RuntimeError:  # built outside an event loop (tests of the class): the first call starts it
+            pass
+        logger.info("world model %s loaded: %d session slots, %.1f MiB per session", path, self.capacity, self.footprint.total / 2**20)
+
+    # -- warm-up -----------------------------------------------------------------
+    def _warmed(self) -> asyncio.Future:
+        if self._warming is None:
+            self._warming = asyncio.ensure_future(self._warm_up())
+        return asyncio.shield(self._warming)
+
+    async def _warm_up(self) -> None:
+        """A throwaway session through every step a real one takes (block 0 and steady blocks denoised,
+        decoded, encoded), outside the slots and the session metrics. A failure is logged, never fatal:
+        the first real session then pays for the setup, as it would without a warm-up."""
+        blocks = self.config.warmup_blocks
+        if blocks == 0:
+            return
+        import numpy as np
+
+        from deployments.media.fmp4 import AsyncFragmentEncoder
+
+        info = self.host.info()
+        height, width = self.config.height, self.config.width
+        image = np.full((height, width, 3), 128, np.uint8) if info["image_conditioned"] else None
+        spec = SessionSpec(prompt="warm-up", height=height, width=width, fps=self.config.fps, seed=0, image=image,
+                           num_inference_steps=self.config.num_inference_steps)
+        sid = "warm-up-" + spec.session_id
+        began = time.perf_counter()
+        encoder = AsyncFragmentEncoder(width, height, spec.fps)
+        try:
+            await self.host.open(spec, sid)
+            try:
+                for _ in range(blocks):
+                    block = (await self.host.generate_many([sid], decode=not self.overlap_decode))[sid]
+                    if isinstance(block, BaseException):
+                        raise block
+                    frames = (await self.host.decode_many([sid]))[sid] if self.overlap_decode else block.frames
+                    if isinstance(frames, BaseException):
+                        raise frames
+                    await encoder.encode(frames)
+                    self.warm_up["blocks"] += 1
+            finally:
+                await self.host.close(sid)
+            await encoder.close()
+        except Exception as exc:  # noqa: BLE001 - reported in stats and the log, the replica serves on
+            self.warm_up["error"] = f"{type(exc).__name__}: {exc}"
+            logger.warning("world model warm-up failed after %d blocks: %s", self.warm_up["blocks"], self.warm_up["error"])
+        finally:
+            encoder.shutdown()
+            self.warm_up["seconds"] = round(time.perf_counter() - began, 3)
+        logger.info("world model warmed up: %d blocks in %.2f s", self.warm_up["blocks"], self.warm_up["seconds"])
 
     # -- Serve hooks ---------------------------------------------------------
     def record_routing_stats(self) -> dict:
@@ -89,8 +144,10 @@ class WorldModelServer:
     def record_autoscaling_stats(self) -> dict:
         return self.slots.autoscaling_stats()
 
-    def model_info(self) -> dict:
-        """What the ingress needs to validate a session.start for this model, without loading it."""
+    async def model_info(self) -> dict:
+        """What the ingress needs to validate a session.start for this model; answered once the replica has
+        warmed up, so readiness (`/healthz`, a session waiting for its model) means a warm replica."""
+        await self._warmed()
         return {**self.host.info(), "pipeline_depth": PIPELINE_DEPTH, "tensor_parallel_size": self.config.tensor_parallel_size}
 
     async def check_health(self) -> None:
@@ -108,11 +165,13 @@ class WorldModelServer:
             "node_id": ray.get_runtime_context().get_node_id(),
             "ranks": await self.host.ranks(),
             "batching": {"blocks": self.blocks.stats(), "decodes": self.decodes.stats()},
+            "warm_up": dict(self.warm_up),
         }
 
     async def rollout_latents(self, request: SessionSpec, blocks: int) -> list:
         """Each block's clean latents for a session's first `blocks` blocks, through this replica's engine
         (every rank): for exactness checks between deployments (TP=2 against TP=1) and benchmarks."""
+        await self._warmed()
         if not self.slots.try_take(request.session_id):
             raise RuntimeError("no free session slot on this replica")
         try:
@@ -183,6 +242,7 @@ class WorldModelServer:
 
     async def run_session(self, request: SessionSpec) -> AsyncIterator[object]:
         sid = request.session_id
+        await self._warmed()  # a replica Serve routes to before its warm-up ended (a new one, scaling up)
         if not self.slots.try_take(sid):
             # Refuse at once so the ingress can try another replica; never queue a session.
             self.metrics.session_start("over_capacity")
