@@ -279,10 +279,11 @@ def _decode_variants(engine, latents: list, device: str) -> dict:
     import torch
     from diffusers import AutoencoderKLWan
 
+    from deployments.generation.tiny_decoder import TinyStreamingDecoder, TinyVideoDecoder
     from deployments.generation.vae_stream import StreamingDecoder
 
-    def time_decode(vae) -> float:
-        decoder = StreamingDecoder(vae)
+    def time_decode(vae, decoder=None) -> float:
+        decoder = decoder or StreamingDecoder(vae)
         raw = [engine.normalizer.to_raw(x.to(device)).to(vae.dtype) for x in latents]
         decoder.decode(raw[0])
         _sync(device)
@@ -305,6 +306,11 @@ def _decode_variants(engine, latents: list, device: str) -> dict:
             out[f"{str(engine.vae.dtype).removeprefix('torch.')} (served) + cudnn.benchmark"] = time_decode(engine.vae)
         finally:
             torch.backends.cudnn.benchmark = saved
+    tiny_folder = engine.components.path / "tiny_decoder"
+    if tiny_folder.is_dir():  # random weights at the published taew2_1's sizes: its cost, not its pictures
+        tiny = TinyVideoDecoder.from_pretrained(tiny_folder, dtype=torch.bfloat16).to(device)
+        time_decode(vae16, TinyStreamingDecoder(tiny))  # warm
+        out["tiny decoder bfloat16"] = time_decode(vae16, TinyStreamingDecoder(tiny))
     del vae16
     return {k: round(v, 4) for k, v in out.items()}
 

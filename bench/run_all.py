@@ -29,6 +29,7 @@ BENCHES: dict[str, tuple[int, list[str]]] = {
     "length": (240, ["--blocks", "16", "--early", "3", "--window", "3", "--fresh", "2"]),
     "pipelining": (240, ["--size", "64x64", "--blocks", "4", "--rounds", "1", "--steps", "2"]),
     "batching": (300, ["--ks", "1,2", "--blocks", "2", "--rounds", "1"]),
+    "decoders": (120, ["--blocks", "2", "--rounds", "1"]),
     "media": (120, ["--encode-sizes", "64x64", "--encode-frames", "12", "--filter-sizes", "128x96", "--filter-frames", "4", "--rounds", "2"]),
     "understanding": (180, ["--frames", "4,8", "--rounds", "1"]),
     "load": (300, ["--gen", "2", "--chat", "2", "--seconds", "8", "--warmup", "3"]),

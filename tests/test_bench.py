@@ -7,6 +7,7 @@ import json
 import pytest
 
 from bench import (
+    decoders,
     batching,
     common,
     length,
@@ -101,6 +102,13 @@ def test_pipelining_picks_steps_from_the_stage_split(models_root):
     scheduler = json.loads((models_root / "world-model" / "scheduler" / "scheduler_config.json").read_text())
     own = len(scheduler.get("denoising_step_list") or [0] * 4)  # the checkpoint's own steps (the engine's four without a list)
     assert r["steps"] >= 1 and r["calibration"]["default_steps"] == own
+
+
+def test_decoders(models_root):
+    result = run(decoders, models_root, "--blocks", "2", "--rounds", "1", "--widths", "16,16,8,8")
+    r = result["results"]
+    assert r["vae_block"]["n"] == 1 and r["tiny_block"]["n"] == 1 and r["tiny_over_vae"] > 0
+    assert r["tiny_parameters"] > 0 and r["frames_per_block"] == 12
 
 
 def test_media(models_root):

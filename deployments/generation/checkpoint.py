@@ -22,6 +22,8 @@ from deployments.generation.tensor_parallel import (
     shard_transformer,
 )
 
+TINY_DECODER_FOLDER = "tiny_decoder"
+
 
 @dataclass
 class WorldModelComponents:
@@ -38,6 +40,7 @@ class WorldModelComponents:
     last_frame_condition: bool = False  # see deployments/generation/conditioning.py
     reprojection_ground_depth: float | None = None  # see deployments/generation/reprojection.py
     tensor_parallel: TensorParallel | None = None  # None: the whole transformer on this process
+    tiny_decoder: object | None = None  # the folder's tiny_decoder/, when asked for
 
 
 def _scheduler_settings(root: Path) -> tuple[float, list[float] | None]:
@@ -75,8 +78,10 @@ def load_world_model(
     dtype: torch.dtype = torch.float32,
     vae_dtype: torch.dtype = torch.float32,
     tensor_parallel: TensorParallel | None = None,
+    tiny_decoder: bool = False,
 ) -> WorldModelComponents:
     """Load every component; with `tensor_parallel` the transformer's blocks are then sharded over its mesh.
+    `tiny_decoder`: also load the folder's `tiny_decoder/` (deployments/generation/tiny_decoder.py).
 
     Under tensor parallel every rank calls this with the same arguments; the
     text encoder, VAE and camera adapter stay whole on each rank.
@@ -91,8 +96,15 @@ def load_world_model(
         check_shardable(json.loads((root / "transformer" / "config.json").read_text()), tensor_parallel.world_size)
         if torch.device(device).type != tensor_parallel.device_type:
             raise ValueError(f"device {device} does not match the tensor-parallel mesh's {tensor_parallel.device_type}")
+    if tiny_decoder and not (root / TINY_DECODER_FOLDER).is_dir():
+        raise CheckpointError(f"video_decoder tiny: model folder {root} has no {TINY_DECODER_FOLDER}/ (config.json and model.safetensors); "
+                              "use the VAE or add one")
     with quiet_loading():
         components = _load(root, geometry, traits, device, dtype, vae_dtype)
+    if tiny_decoder:
+        from deployments.generation.tiny_decoder import TinyVideoDecoder
+
+        components.tiny_decoder = TinyVideoDecoder.from_pretrained(root / TINY_DECODER_FOLDER, dtype=vae_dtype).to(device)
     if tensor_parallel is not None:
         shard_transformer(components.transformer, tensor_parallel)
         components.tensor_parallel = tensor_parallel

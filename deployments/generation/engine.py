@@ -40,10 +40,11 @@ from deployments.generation.schedule import denoising_sigmas
 from deployments.generation.session import BlockMetadata, GeneratedBlock, WorldSession
 from deployments.generation.tensor_parallel import TensorParallel
 from deployments.generation.text import PromptEncoder
+from deployments.generation.tiny_decoder import TinyStreamingDecoder
 from deployments.generation.vae_stream import (
     LatentNormalizer,
     StreamingDecoder,
-    decode_together,
+    decode_batch,
     encode_image,
     to_uint8_frames,
 )
@@ -76,6 +77,7 @@ class WorldModelEngine:
         self.geometry = components.geometry
         self.transformer = components.transformer
         self.vae = components.vae
+        self.tiny_decoder = components.tiny_decoder  # None: frames come from the VAE
         self.camera_adapter = components.camera_adapter
         self.image_conditioned = components.image_conditioned
         self.last_frame_condition = components.last_frame_condition
@@ -104,9 +106,12 @@ class WorldModelEngine:
         dtype: torch.dtype = torch.float32,
         vae_dtype: torch.dtype = torch.float32,
         tensor_parallel: TensorParallel | None = None,
+        video_decoder: str = "vae",
     ) -> "WorldModelEngine":
-        """Load a checkpoint; with `tensor_parallel` every rank calls this and the transformer is sharded after loading."""
-        return cls(load_world_model(path, device=device, dtype=dtype, vae_dtype=vae_dtype, tensor_parallel=tensor_parallel))
+        """Load a checkpoint; with `tensor_parallel` every rank calls this and the transformer is sharded after loading.
+        `video_decoder`: "vae" (the Wan VAE, exact) or "tiny" (the folder's `tiny_decoder/`)."""
+        return cls(load_world_model(path, device=device, dtype=dtype, vae_dtype=vae_dtype, tensor_parallel=tensor_parallel,
+                                    tiny_decoder=video_decoder == "tiny"))
 
     @property
     def decodes(self) -> bool:
@@ -163,7 +168,7 @@ class WorldModelEngine:
             sigmas=sigmas,
             director=Director(config.prompt, self.geometry.num_frames_per_block, self.accepts_camera),
             kv=RollingKVCache(self.kv_layout(config.height, config.width), self.dtype, self.device),
-            decoder=StreamingDecoder(self.vae),
+            decoder=StreamingDecoder(self.vae) if self.tiny_decoder is None else TinyStreamingDecoder(self.tiny_decoder),
             generator=torch.Generator(device=self.device).manual_seed(seed),
             image_latent=image_latent,
         )
@@ -248,7 +253,7 @@ class WorldModelEngine:
         if not session.pending_decode:
             raise RuntimeError(f"session {session.session_id} has no block waiting to be decoded")
         raw = session.pending_decode[0][0]
-        return (tuple(raw.shape), session.decoder.started, tuple(t is None for t in session.decoder.feat_cache))
+        return (tuple(raw.shape), session.decoder.batch_key())
 
     @torch.no_grad()
     def decode_many(self, sessions: list[WorldSession]) -> list[np.ndarray]:
@@ -264,7 +269,7 @@ class WorldModelEngine:
         raws = [raw for raw, _ in pending]
         decoders = [s.decoder for s in sessions]
         if pending[0][1] is None:
-            return [to_uint8_frames(p) for p in decode_together(decoders, raws)]
+            return [to_uint8_frames(p) for p in decode_batch(decoders, raws)]
         # On a GPU the decode gets its own stream, so its kernels can run beside the transformer's.
         if self._decode_stream is None:
             self._decode_stream = torch.cuda.Stream(self.device)
@@ -272,7 +277,7 @@ class WorldModelEngine:
             for raw, ready in pending:
                 self._decode_stream.wait_event(ready)
                 raw.record_stream(self._decode_stream)
-            return [to_uint8_frames(p) for p in decode_together(decoders, raws)]
+            return [to_uint8_frames(p) for p in decode_batch(decoders, raws)]
 
     def _ready_event(self):
         """A CUDA event after the work queued so far (None off the GPU): deferred decodes wait on it."""

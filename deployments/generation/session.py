@@ -11,6 +11,7 @@ from deployments.contract.events import Interaction
 from deployments.contract.session_spec import SessionSpec
 from deployments.generation.interactions import Director
 from deployments.generation.kv_cache import RollingKVCache
+from deployments.generation.tiny_decoder import TinyStreamingDecoder
 from deployments.generation.vae_stream import StreamingDecoder
 
 
@@ -57,7 +58,7 @@ class WorldSession:
     sigmas: list[float]
     director: Director
     kv: RollingKVCache
-    decoder: StreamingDecoder
+    decoder: StreamingDecoder | TinyStreamingDecoder
     generator: torch.Generator
     image_latent: torch.Tensor | None = None  # normalized (1, z, 1, h, w), image-to-video only
     last_latent: torch.Tensor | None = None  # normalized (1, z, 1, h, w): the last frame made, for last-frame models

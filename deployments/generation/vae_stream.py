@@ -53,6 +53,10 @@ class StreamingDecoder:
             out = unpatchify(out, patch_size=vae.config.patch_size)
         return out.clamp(-1.0, 1.0)
 
+    def batch_key(self) -> tuple:
+        """Decoders with equal keys are at the same point of their streams: they can decode in one batch."""
+        return ("vae", self.started, tuple(t is None for t in self.feat_cache))
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.feat_cache if isinstance(t, torch.Tensor))
@@ -86,6 +90,15 @@ def decode_together(decoders: list[StreamingDecoder], raw_latents: list[torch.Te
         decoder.feat_cache = [None if t is None else t[b : b + 1] for t in cache]
         decoder.started = True
     return [out[b : b + 1] for b in range(len(decoders))]
+
+
+def decode_batch(decoders: list, raw_latents: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One batch of sessions' next latents through their decoder (all Wan VAE streams or all tiny ones)."""
+    from deployments.generation.tiny_decoder import TinyStreamingDecoder, decode_tiny_together
+
+    if isinstance(decoders[0], TinyStreamingDecoder):
+        return decode_tiny_together(decoders, raw_latents)
+    return decode_together(decoders, raw_latents)
 
 
 def to_uint8_frames(pixels: torch.Tensor) -> np.ndarray:

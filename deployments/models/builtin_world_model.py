@@ -47,6 +47,7 @@ BUILTIN_SPEC = WorldModelSpec(
     vae_dim_mult=(1, 2, 4),
     vae_temporal_downsample=(True, True),
     vae_num_res_blocks=1,
+    tiny_decoder_widths=None,  # none trained yet
     text_max_length=96,
     camera_rest_relative=True,
     camera_gain=5.0,

@@ -66,6 +66,9 @@ class WorldModelSpec:
     text_max_length: int = 512  # the tokenizer's model_max_length: text states per prompt
     camera_rest_relative: bool = False  # the adapter sees motion relative to a camera at rest (see CameraAdapter)
     camera_gain: float = 1.0
+    # Channel widths of the tiny streaming decoder written beside the VAE (tiny_decoder/, random weights
+    # unless trained ones are given); None: none. The published taew2_1's are (256, 128, 64, 64).
+    tiny_decoder_widths: tuple[int, int, int, int] | None = (16, 16, 8, 8)
 
     @property
     def inner_dim(self) -> int:
@@ -102,6 +105,22 @@ def make_vae(spec: WorldModelSpec):
         scale_factor_spatial=2**downsamples,
         **stats,
     )
+
+
+def make_tiny_decoder(spec: WorldModelSpec, seed: int = 0):
+    """The spec's tiny streaming decoder, fresh: its upsamples in the last stages, matching the VAE's factors."""
+    from deployments.generation.tiny_decoder import TinyDecoderConfig, TinyVideoDecoder
+
+    space, time = len(spec.vae_dim_mult) - 1, sum(spec.vae_temporal_downsample)
+    config = TinyDecoderConfig(
+        latent_channels=spec.latent_channels,
+        widths=tuple(spec.tiny_decoder_widths),
+        time_upscale=tuple(i >= 3 - time for i in range(3)),
+        space_upscale=tuple(i >= 3 - space for i in range(3)),
+    )
+    with torch.random.fork_rng(devices=[]):  # its own stream: the other components' weights stay as they were
+        torch.manual_seed(seed)
+        return TinyVideoDecoder(config).eval()
 
 
 def make_world_model(out_dir: str | os.PathLike, spec: WorldModelSpec = WorldModelSpec(), seed: int = 0) -> Path:
@@ -212,6 +231,12 @@ def build_world_model(
         counts["camera_adapter"] = _parameters(adapter)
         _cast(adapter, dtype)
         adapter.save_pretrained(out / "camera_adapter", safe_serialization=True)
+    if spec.tiny_decoder_widths is not None:
+        decoder = make_tiny_decoder(spec, seed)
+        if "tiny_decoder" in trained:
+            decoder.load_state_dict(trained["tiny_decoder"], strict=True)
+        counts["tiny_decoder"] = _parameters(decoder)
+        decoder.to(dtype).save_pretrained(out / "tiny_decoder")
     (out / "README.md").write_text(readme)
     return counts
 

@@ -47,6 +47,7 @@ WAN_1_3B = WorldModelSpec(
     vae_dim_mult=(1, 2, 4, 4),
     vae_num_res_blocks=2,
     denoising_step_list=(1000.0, 750.0, 500.0, 250.0),
+    tiny_decoder_widths=(256, 128, 64, 64),  # the published taew2_1's sizes (random weights: for timing)
 )
 
 # The same builder at toy sizes: for checking the benchmark end to end on a CPU.

@@ -41,10 +41,11 @@ def _device(accelerator: str) -> str:
 class EngineSessions:
     """One engine and the sessions open on it, by id (what each host, and each rank, keeps)."""
 
-    def __init__(self, path: Path, device: str, dtype, vae_dtype, tensor_parallel=None) -> None:
+    def __init__(self, path: Path, device: str, dtype, vae_dtype, tensor_parallel=None, video_decoder: str = "vae") -> None:
         from deployments.generation.engine import WorldModelEngine
 
-        self.engine = WorldModelEngine.from_pretrained(path, device=device, dtype=dtype, vae_dtype=vae_dtype, tensor_parallel=tensor_parallel)
+        self.engine = WorldModelEngine.from_pretrained(path, device=device, dtype=dtype, vae_dtype=vae_dtype, tensor_parallel=tensor_parallel,
+                                                       video_decoder=video_decoder)
         self.sessions: dict = {}
 
     def info(self) -> dict:
@@ -107,8 +108,8 @@ class EngineSessions:
 
 
 class LocalEngineHost:
-    def __init__(self, path: Path, accelerator: str, dtype, vae_dtype) -> None:
-        self.local = EngineSessions(path, _device(accelerator), dtype, vae_dtype)
+    def __init__(self, path: Path, accelerator: str, dtype, vae_dtype, video_decoder: str = "vae") -> None:
+        self.local = EngineSessions(path, _device(accelerator), dtype, vae_dtype, video_decoder=video_decoder)
 
     def start(self) -> None:
         pass
@@ -146,7 +147,8 @@ class LocalEngineHost:
 
 @ray.remote(max_concurrency=4)  # `cancel` must get in while `generate` runs
 class RankWorker:
-    def __init__(self, rank: int, world_size: int, init_method: str, path: str, accelerator: str, dtype_name: str, vae_dtype_name: str) -> None:
+    def __init__(self, rank: int, world_size: int, init_method: str, path: str, accelerator: str, dtype_name: str, vae_dtype_name: str,
+                 video_decoder: str = "vae") -> None:
         import torch
 
         from deployments.generation.tensor_parallel import TensorParallel
@@ -156,7 +158,8 @@ class RankWorker:
             torch.cuda.set_device(0)  # Ray gives each rank exactly its own GPU
         tp = TensorParallel.initialize(rank, world_size, init_method, device_type=device)
         self.rank = rank
-        self.local = EngineSessions(Path(path), device, getattr(torch, dtype_name), getattr(torch, vae_dtype_name), tensor_parallel=tp)
+        self.local = EngineSessions(Path(path), device, getattr(torch, dtype_name), getattr(torch, vae_dtype_name), tensor_parallel=tp,
+                                    video_decoder=video_decoder)
 
     def describe(self) -> dict:
         return {
@@ -194,7 +197,7 @@ class RankWorker:
 
 
 class TensorParallelHost:
-    def __init__(self, path: Path, accelerator: str, dtype, vae_dtype, world_size: int) -> None:
+    def __init__(self, path: Path, accelerator: str, dtype, vae_dtype, world_size: int, video_decoder: str = "vae") -> None:
         from ray.util.placement_group import get_current_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -212,7 +215,7 @@ class TensorParallelHost:
                 num_cpus=bundles[rank + 1].get("CPU", 0),
                 num_gpus=bundles[rank + 1].get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank + 1),
-            ).remote(rank, world_size, init_method, str(path), accelerator, dtype_name, vae_dtype_name)
+            ).remote(rank, world_size, init_method, str(path), accelerator, dtype_name, vae_dtype_name, video_decoder)
             for rank in range(world_size)
         ]
         self._info: dict | None = None
@@ -279,7 +282,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_engine_host(path: Path, accelerator: str, dtype, vae_dtype, tensor_parallel_size: int):
+def make_engine_host(path: Path, accelerator: str, dtype, vae_dtype, tensor_parallel_size: int, video_decoder: str = "vae"):
     if tensor_parallel_size == 1:
-        return LocalEngineHost(path, accelerator, dtype, vae_dtype)
-    return TensorParallelHost(path, accelerator, dtype, vae_dtype, tensor_parallel_size)
+        return LocalEngineHost(path, accelerator, dtype, vae_dtype, video_decoder)
+    return TensorParallelHost(path, accelerator, dtype, vae_dtype, tensor_parallel_size, video_decoder)

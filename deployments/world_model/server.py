@@ -60,7 +60,8 @@ class WorldModelServer:
 
         self.config = config
         path = ensure_tiny_models(config.model_path) if config.build_tiny_models else locate_model(config.model)
-        self.host = make_engine_host(path, config.accelerator, config.torch_dtype, config.torch_vae_dtype, config.tensor_parallel_size)
+        self.host = make_engine_host(path, config.accelerator, config.torch_dtype, config.torch_vae_dtype, config.tensor_parallel_size,
+                                     config.video_decoder)
         self.host.start()
         self.capacity, self.footprint = self.host.capacity(
             config.height, config.width, config.max_sessions_per_replica, config.gpu_memory_fraction
