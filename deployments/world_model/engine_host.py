@@ -1,16 +1,17 @@
 """Where a WorldModel replica's engine runs: in its own process, or sharded over rank workers.
 
-Both hosts speak the same small async protocol, by session id, so the replica's
-block loop does not know which one it has:
+`EngineHost` is the one async protocol the replica's block loop speaks, by
+session id; an executor runs each of its calls by method name on the engine's
+`EngineSessions`:
 
-- `LocalEngineHost`: tensor_parallel_size 1; the engine lives in the replica.
-- `TensorParallelHost`: one `RankWorker` actor per rank, each in its own GPU
-  bundle of the replica's placement group (bundle 0 is the replica's). The
+- `LocalExecutor`: tensor_parallel_size 1; the engine lives in the replica.
+- `TensorParallelExecutor`: one `RankWorker` actor per rank, each in its own
+  GPU bundle of the replica's placement group (bundle 0 is the replica's). The
   ranks form a torch.distributed group (NCCL on GPUs, gloo on CPU), each holds
   1/N of the transformer and of every session's KV cache, and every call goes
-  to all of them so they run each block in lockstep; rank 0's frames are the
-  answer. A rank that dies takes the replica down with it (the replica's
-  sessions then see `replica_lost` and Serve starts a new replica).
+  to all of them so they run each block in lockstep; rank 0's answer (its
+  frames) is the call's. A rank that dies takes the replica down with it (the
+  replica's sessions then see `replica_lost` and Serve starts a new replica).
 """
 
 from __future__ import annotations
@@ -107,46 +108,35 @@ class EngineSessions:
         return {"engine_sessions": len(self.sessions), "session_bytes": sum(s.memory_bytes() for s in self.sessions.values())}
 
 
-class LocalEngineHost:
+class LocalExecutor:
+    """tensor_parallel_size 1: the engine lives in the replica; each call runs on a worker thread."""
+
     def __init__(self, path: Path, accelerator: str, dtype, vae_dtype, video_decoder: str = "vae") -> None:
         self.local = EngineSessions(path, _device(accelerator), dtype, vae_dtype, video_decoder=video_decoder)
 
-    def start(self) -> None:
-        pass
+    def start(self) -> list:
+        return [self.local.info()]
 
-    def info(self) -> dict:
-        return self.local.info()
+    def gather(self, method: str, *args) -> list:
+        """Blocking, on every rank: their answers (used at start, before the event loop serves)."""
+        return [getattr(self.local, method)(*args)]
 
-    def capacity(self, height: int, width: int, cap: int | None, gpu_memory_fraction: float):
-        return self.local.capacity(height, width, cap, gpu_memory_fraction)
+    async def call(self, method: str, *args):
+        return await asyncio.to_thread(getattr(self.local, method), *args)
 
-    async def open(self, config: SessionSpec, session_id: str) -> int:
-        return await asyncio.to_thread(self.local.open, config, session_id)
+    call_rank0 = call
 
-    async def submit(self, session_id: str, interaction: Interaction) -> None:
-        self.local.submit(session_id, interaction)
+    def signal(self, method: str, *args) -> None:
+        getattr(self.local, method)(*args)
 
-    async def generate_many(self, session_ids: list[str], decode: bool = True) -> dict[str, GeneratedBlock | BaseException]:
-        return await asyncio.to_thread(self.local.generate_many, session_ids, decode)
-
-    async def decode_many(self, session_ids: list[str]) -> dict[str, object]:
-        return await asyncio.to_thread(self.local.decode_many, session_ids)
-
-    def cancel(self, session_id: str) -> None:
-        self.local.cancel(session_id)
-
-    async def close(self, session_id: str) -> None:
-        self.local.close(session_id)
-
-    async def ranks(self) -> list[dict]:
-        return [{"rank": 0, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": ray.get_gpu_ids(), **self.local.holding()}]
-
-    async def check(self) -> None:
-        pass
+    async def describe(self) -> list[dict]:
+        return [_describe(0, self.local)]
 
 
-@ray.remote(max_concurrency=4)  # `cancel` must get in while `generate` runs
+@ray.remote(max_concurrency=4)  # `cancel` must get in while `generate_many` runs
 class RankWorker:
+    """One rank of a tensor-parallel replica: its share of the engine, run by method name."""
+
     def __init__(self, rank: int, world_size: int, init_method: str, path: str, accelerator: str, dtype_name: str, vae_dtype_name: str,
                  video_decoder: str = "vae") -> None:
         import torch
@@ -161,42 +151,20 @@ class RankWorker:
         self.local = EngineSessions(Path(path), device, getattr(torch, dtype_name), getattr(torch, vae_dtype_name), tensor_parallel=tp,
                                     video_decoder=video_decoder)
 
+    def run(self, method: str, *args, answer: bool = True):
+        result = getattr(self.local, method)(*args)
+        # The ranks run every call in lockstep; rank 0's answer is the call's (only it decodes frames), the
+        # others' would only cross the object store.
+        return result if answer or self.rank == 0 else None
+
     def describe(self) -> dict:
-        return {
-            "rank": self.rank,
-            "pid": os.getpid(),
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "gpu_ids": ray.get_gpu_ids(),
-            **self.local.holding(),
-        }
-
-    def info(self) -> dict:
-        return self.local.info()
-
-    def capacity(self, height: int, width: int, cap: int | None, gpu_memory_fraction: float):
-        return self.local.capacity(height, width, cap, gpu_memory_fraction)
-
-    def open(self, config: SessionSpec, session_id: str) -> int:
-        return self.local.open(config, session_id)
-
-    def submit(self, session_id: str, interaction: Interaction) -> None:
-        self.local.submit(session_id, interaction)
-
-    def generate_many(self, session_ids: list[str], decode: bool = True) -> dict[str, GeneratedBlock | BaseException]:
-        outcomes = self.local.generate_many(session_ids, decode)
-        return outcomes if self.rank == 0 else {}  # only rank 0 decodes; the others just keep in step
-
-    def decode_many(self, session_ids: list[str]) -> dict[str, object]:
-        return self.local.decode_many(session_ids)
-
-    def cancel(self, session_id: str) -> None:
-        self.local.cancel(session_id)
-
-    def close(self, session_id: str) -> None:
-        self.local.close(session_id)
+        return _describe(self.rank, self.local)
 
 
-class TensorParallelHost:
+class TensorParallelExecutor:
+    """One `RankWorker` per rank, each in its own bundle of the replica's placement group (bundle 0 is
+    the replica's); every call goes to all of them so they run it in lockstep."""
+
     def __init__(self, path: Path, accelerator: str, dtype, vae_dtype, world_size: int, video_decoder: str = "vae") -> None:
         from ray.util.placement_group import get_current_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -218,62 +186,94 @@ class TensorParallelHost:
             ).remote(rank, world_size, init_method, str(path), accelerator, dtype_name, vae_dtype_name, video_decoder)
             for rank in range(world_size)
         ]
+
+    def start(self) -> list:
+        # The ranks meet in init_process_group inside their constructors: wait for all of them.
+        return self.gather("info")
+
+    def gather(self, method: str, *args) -> list:
+        return ray.get([w.run.remote(method, *args) for w in self.workers])
+
+    async def call(self, method: str, *args):
+        try:
+            return (await asyncio.gather(*(w.run.remote(method, *args, answer=False) for w in self.workers)))[0]
+        except ray.exceptions.RayActorError:
+            _rank_lost()
+
+    async def call_rank0(self, method: str, *args):
+        """Work only rank 0 has (the VAE's); its actor takes it beside a running collective call."""
+        try:
+            return await self.workers[0].run.remote(method, *args)
+        except ray.exceptions.RayActorError:
+            _rank_lost()
+
+    def signal(self, method: str, *args) -> None:
+        for worker in self.workers:
+            worker.run.remote(method, *args)
+
+    async def describe(self) -> list[dict]:
+        try:
+            return await asyncio.gather(*(w.describe.remote() for w in self.workers))
+        except ray.exceptions.RayActorError:
+            _rank_lost()
+
+
+def _rank_lost():
+    # A rank is gone: its peers would wait in a collective forever. Take the replica down (the ranks go
+    # with it) so Serve starts a fresh one and the sessions hear replica_lost.
+    logger.error("a tensor-parallel rank died; stopping this replica")
+    os._exit(1)
+
+
+def _describe(rank: int, local: EngineSessions) -> dict:
+    return {"rank": rank, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": ray.get_gpu_ids(),
+            **local.holding()}
+
+
+class EngineHost:
+    """The replica's engine by session id, whatever executor runs it: one async protocol for the block loop."""
+
+    def __init__(self, executor: LocalExecutor | TensorParallelExecutor) -> None:
+        self.executor = executor
         self._info: dict | None = None
 
     def start(self) -> None:
-        # The ranks meet in init_process_group inside their constructors: wait for all of them.
-        self._info = ray.get([w.info.remote() for w in self.workers])[0]
-
-    async def _all(self, method: str, *args):
-        try:
-            return await asyncio.gather(*(getattr(w, method).remote(*args) for w in self.workers))
-        except ray.exceptions.RayActorError:
-            # A rank is gone: its peers would wait in a collective forever. Take the replica down
-            # (the ranks go with it) so Serve starts a fresh one and the sessions hear replica_lost.
-            logger.error("a tensor-parallel rank died; stopping this replica")
-            os._exit(1)
+        self._info = self.executor.start()[0]
 
     def info(self) -> dict:
         return self._info
 
     def capacity(self, height: int, width: int, cap: int | None, gpu_memory_fraction: float):
-        """Each rank measures its own GPU (it holds 1/N of every KV cache); the tightest rank decides."""
-        answers = ray.get([w.capacity.remote(height, width, cap, gpu_memory_fraction) for w in self.workers])
-        return min(answers, key=lambda answer: answer[0])
+        """Each rank measures its own device (it holds 1/N of every KV cache); the tightest rank decides."""
+        return min(self.executor.gather("capacity", height, width, cap, gpu_memory_fraction), key=lambda answer: answer[0])
 
     async def open(self, config: SessionSpec, session_id: str) -> int:
         if config.seed is None:
-            # Every rank must draw the same noise: settle the seed here, not on each rank.
+            # Every rank must draw the same noise: the seed is settled here, once, not on each rank.
             config = dataclasses.replace(config, seed=secrets.randbits(63))
-        return (await self._all("open", config, session_id))[0]
+        return await self.executor.call("open", config, session_id)
 
     async def submit(self, session_id: str, interaction: Interaction) -> None:
-        # The engine refuses the same interactions on every rank; rank 0 raises it for all.
-        await self._all("submit", session_id, interaction)
+        # The engine refuses the same interactions on every rank; rank 0's refusal is raised.
+        await self.executor.call("submit", session_id, interaction)
 
     async def generate_many(self, session_ids: list[str], decode: bool = True) -> dict[str, GeneratedBlock | BaseException]:
-        return (await self._all("generate_many", session_ids, decode))[0]
+        return await self.executor.call("generate_many", session_ids, decode)
 
     async def decode_many(self, session_ids: list[str]) -> dict[str, object]:
-        # Only rank 0 holds the VAE's work; its actor takes this call beside a running generate_many.
-        try:
-            return await self.workers[0].decode_many.remote(session_ids)
-        except ray.exceptions.RayActorError:
-            logger.error("tensor-parallel rank 0 died; stopping this replica")
-            os._exit(1)
+        return await self.executor.call_rank0("decode_many", session_ids)
 
     def cancel(self, session_id: str) -> None:
-        for worker in self.workers:
-            worker.cancel.remote(session_id)
+        self.executor.signal("cancel", session_id)
 
     async def close(self, session_id: str) -> None:
-        await self._all("close", session_id)
+        await self.executor.call("close", session_id)
 
     async def ranks(self) -> list[dict]:
-        return await self._all("describe")
+        return await self.executor.describe()
 
     async def check(self) -> None:
-        await asyncio.wait_for(self._all("describe"), timeout=30)
+        await asyncio.wait_for(self.executor.describe(), timeout=30)
 
 
 def _free_port() -> int:
@@ -282,7 +282,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_engine_host(path: Path, accelerator: str, dtype, vae_dtype, tensor_parallel_size: int, video_decoder: str = "vae"):
+def make_engine_host(path: Path, accelerator: str, dtype, vae_dtype, tensor_parallel_size: int, video_decoder: str = "vae") -> EngineHost:
     if tensor_parallel_size == 1:
-        return LocalEngineHost(path, accelerator, dtype, vae_dtype, video_decoder)
-    return TensorParallelHost(path, accelerator, dtype, vae_dtype, tensor_parallel_size, video_decoder)
+        return EngineHost(LocalExecutor(path, accelerator, dtype, vae_dtype, video_decoder))
+    return EngineHost(TensorParallelExecutor(path, accelerator, dtype, vae_dtype, tensor_parallel_size, video_decoder))
