@@ -30,11 +30,14 @@ def test_every_stage_leaves_its_output(smoke_run) -> None:
     assert vae_report["held_out_psnr_db"] > 0 and vae_report["held_out_anchored_psnr_db"] > 0
     assert (work / "latents.pt").is_file() and (work / "transformer" / "checkpoint.pt").is_file()
     records = [json.loads(line) for line in (work / "train.log").read_text().splitlines()]
-    assert {"render", "vae", "encode", "transformer", "export"} <= {r["stage"] for r in records}
+    assert {"render", "vae", "encode", "decoder", "transformer", "export"} <= {r["stage"] for r in records}
+    assert [r["held_out_psnr_db"] for r in records if "held_out_psnr_db" in r and r["stage"] == "decoder"]
     probes = [r["probe"] for r in records if "probe" in r]  # measured on the held-out trajectory at the checkpoint
     assert probes and {"psnr_db", "copy_previous_psnr_db", "motion_sign_agreement"} <= set(probes[-1])
     sizes = {f.name: f.stat().st_size for f in (smoke_run / "weights").iterdir()}
-    assert set(sizes) == {"transformer.safetensors", "vae.safetensors", "text_encoder.safetensors", "camera_adapter.safetensors", "spec.json"}
+    assert set(sizes) == {"transformer.safetensors", "vae.safetensors", "text_encoder.safetensors", "camera_adapter.safetensors",
+                          "tiny_decoder.safetensors", "spec.json"}
+    assert json.loads((smoke_run / "weights" / "spec.json").read_text())["tiny_decoder_widths"] == [48, 32, 24, 24]
 
 
 def test_a_second_run_resumes_instead_of_starting_over(smoke_run) -> None:
@@ -82,10 +85,14 @@ def test_exported_weights_install_exactly_and_serve(smoke_run, tmp_path) -> None
         assert set(shipped) == set(installed)
         for key, tensor in shipped.items():
             assert torch.equal(tensor.float(), installed[key].float()), (name, key)
+    decoder = load_file(smoke_run / "weights" / "tiny_decoder.safetensors")
+    installed = load_file(dirs["world-model"] / "tiny_decoder" / "model.safetensors")
+    assert set(decoder) == set(installed) and all(torch.equal(decoder[k].float(), installed[k].float()) for k in decoder)
     for name, image in (("world-model", None), ("world-model-i2v", np.zeros((64, 64, 3), np.uint8))):
-        engine = WorldModelEngine.from_pretrained(dirs[name])
-        session = engine.open_session(SessionSpec(prompt="a snowy field", height=64, width=64, seed=0, image=image))
-        assert engine.generate_block(session).frames.shape == (9, 64, 64, 3)
+        for video_decoder in ("vae", "tiny"):
+            engine = WorldModelEngine.from_pretrained(dirs[name], video_decoder=video_decoder)
+            session = engine.open_session(SessionSpec(prompt="a snowy field", height=64, width=64, seed=0, image=image))
+            assert engine.generate_block(session).frames.shape == (9, 64, 64, 3)
 
 
 def test_bad_arguments_are_one_line_errors(capsys) -> None:

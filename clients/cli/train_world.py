@@ -11,6 +11,7 @@ stages (each skips what WORK already holds, so a stopped run resumes):
   render  trajectories of the procedural world   WORK/data/
   vae     the video VAE (AutoencoderKLWan)        WORK/vae/
   encode  trajectories to latents                 WORK/latents.pt
+  decoder the tiny streaming decoder              WORK/tiny_decoder/
   world   transformer + camera adapter + text     WORK/transformer/
   export  fp16 weights as shipped                 OUT/
 
@@ -32,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-block-weight", type=float, metavar="W", help="loss weight of a text-to-video sample's first block (default: 1)")
     parser.add_argument("--transitions", type=float, metavar="FRACTION", help="share of samples drawn to end inside a prompt transition (default: 0, as they come)")
     parser.add_argument("--switch-weight", type=float, metavar="W", help="loss weight of blocks inside a prompt transition, after the motion steps (default: 0.3)")
+    parser.add_argument("--decoder-steps", type=int, help="tiny streaming decoder training steps (default: 1500)")
     parser.add_argument("--init-from", metavar="DIR", help="go on from shipped weights (e.g. deployments/models/weights/world): their VAE is kept, training starts from their transformer")
     parser.add_argument("--workers", type=int, help="rendering processes (default: 2)")
     parser.add_argument("--threads", type=int, help="torch threads (default: 2)")
@@ -64,6 +66,11 @@ def main(args: argparse.Namespace) -> int:
             print(f"rtv train-world: --init-from {args.init_from} holds no shipped weights (transformer, vae, text_encoder, camera_adapter .safetensors and spec.json)", file=sys.stderr)
             return 2
         config = replace(config, init_from=Path(args.init_from))
+    if args.decoder_steps is not None:
+        if args.decoder_steps < 1:
+            print("rtv train-world: --decoder-steps must be at least 1", file=sys.stderr)
+            return 2
+        config = replace(config, decoder=replace(config.decoder, steps=args.decoder_steps))
     if args.vae_steps is not None:
         config = replace(config, vae=config.vae.scaled(steps=args.vae_steps))
     for flag, value in (("--context-blur", args.context_blur), ("--own-context", args.own_context), ("--transitions", args.transitions),

@@ -27,6 +27,7 @@ from deployments.training.world import EYE_HEIGHT
 
 WEIGHTS_DIR = Path(__file__).parent / "weights" / "world"
 COMPONENTS = ("transformer", "vae", "text_encoder", "camera_adapter")
+TINY_DECODER = "tiny_decoder"  # optional: shipped when trained
 
 # Tokens of 2x2 latent pixels (64 per latent frame at 64x64): the first run's 4x4 tokens held more
 # values than the model was wide. The window is two blocks, so that one training sequence (sink block,
@@ -47,7 +48,7 @@ BUILTIN_SPEC = WorldModelSpec(
     vae_dim_mult=(1, 2, 4),
     vae_temporal_downsample=(True, True),
     vae_num_res_blocks=1,
-    tiny_decoder_widths=None,  # none trained yet
+    tiny_decoder_widths=None,  # the shipped spec.json names it when a trained one ships
     text_max_length=96,
     camera_rest_relative=True,
     camera_gain=5.0,
@@ -73,20 +74,29 @@ def load_shipped(weights_dir: str | os.PathLike = WEIGHTS_DIR) -> tuple[WorldMod
 
     root = Path(weights_dir)
     extra = json.loads((root / "spec.json").read_text())
-    spec = replace(BUILTIN_SPEC, vae_latents_mean=tuple(extra["vae_latents_mean"]), vae_latents_std=tuple(extra["vae_latents_std"]))
-    weights = {name: {k: v.float() for k, v in load_file(root / f"{name}.safetensors").items()} for name in COMPONENTS}
+    widths = extra.get("tiny_decoder_widths")
+    spec = replace(BUILTIN_SPEC, vae_latents_mean=tuple(extra["vae_latents_mean"]), vae_latents_std=tuple(extra["vae_latents_std"]),
+                   tiny_decoder_widths=None if widths is None else tuple(widths))
+    names = COMPONENTS + ((TINY_DECODER,) if widths is not None else ())
+    weights = {name: {k: v.float() for k, v in load_file(root / f"{name}.safetensors").items()} for name in names}
     return spec, weights
 
 
-def save_shipped(weights: dict[str, dict[str, torch.Tensor]], latents_mean: list[float], latents_std: list[float], weights_dir: str | os.PathLike = WEIGHTS_DIR) -> Path:
-    """Write trained state dicts as the shipped fp16 files (the VAE's too: its outputs are 8-bit frames)."""
+def save_shipped(weights: dict[str, dict[str, torch.Tensor]], latents_mean: list[float], latents_std: list[float],
+                 weights_dir: str | os.PathLike = WEIGHTS_DIR, tiny_decoder_widths: tuple[int, ...] | None = None) -> Path:
+    """Write trained state dicts as the shipped fp16 files (the VAE's too: its outputs are 8-bit frames), and
+    the tiny streaming decoder's when `weights` has one (`tiny_decoder_widths` its sizes)."""
     from safetensors.torch import save_file
 
     root = Path(weights_dir)
     root.mkdir(parents=True, exist_ok=True)
-    for name in COMPONENTS:
+    names = COMPONENTS + ((TINY_DECODER,) if TINY_DECODER in weights else ())
+    for name in names:
         save_file({k: v.detach().to(torch.float16).contiguous() for k, v in weights[name].items()}, root / f"{name}.safetensors")
-    (root / "spec.json").write_text(json.dumps({"vae_latents_mean": latents_mean, "vae_latents_std": latents_std}, indent=2) + "\n")
+    spec = {"vae_latents_mean": latents_mean, "vae_latents_std": latents_std}
+    if TINY_DECODER in weights:
+        spec["tiny_decoder_widths"] = list(tiny_decoder_widths)
+    (root / "spec.json").write_text(json.dumps(spec, indent=2) + "\n")
     return root
 
 

@@ -3,6 +3,7 @@
     render   trajectories of the procedural world        WORK/data/traj_*.npz
     vae      AutoencoderKLWan on their frames             WORK/vae/
     encode   every trajectory to normalized latents       WORK/latents.pt
+    decoder  the tiny streaming decoder, on the latents   WORK/tiny_decoder/
     world    transformer + camera adapter + text encoder  WORK/transformer/checkpoint.pt
     export   fp16 weights in the shipped layout           OUT/*.safetensors + OUT/spec.json
 
@@ -26,11 +27,12 @@ import torch
 from deployments.models.builtin_world_model import BUILTIN_SPEC, save_shipped
 from deployments.training.copy_init import init_as_copy
 from deployments.training.dataset import list_trajectories, load_trajectory, render_dataset, starts_at_origin
+from deployments.training.tiny_decoder_training import DecoderTraining, train_tiny_decoder
 from deployments.training.transformer_training import Sample, TeacherForcing, TransformerTraining, sequence_blocks_for, train_transformer
 from deployments.training.vae_training import VAETraining, encode_video, train_vae, vae_trained
 
 
-STAGES = ("render", "vae", "encode", "world", "export")
+STAGES = ("render", "vae", "encode", "decoder", "world", "export")
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class WorldTraining:
     threads: int = 2
     vae: VAETraining = field(default_factory=VAETraining)
     transformer: TransformerTraining = field(default_factory=TransformerTraining)
+    decoder: DecoderTraining = field(default_factory=DecoderTraining)
     # Shipped weights to go on from (`save_shipped`'s layout): their VAE is taken as it is (the
     # transformer's latents live in its space) and the transformer, adapter and text encoder start from them.
     init_from: Path | None = None
@@ -53,7 +56,8 @@ class WorldTraining:
         return replace(self, trajectories=6, vae_trajectories=6, blocks=7, workers=1,
                        vae=replace(self.vae.scaled(steps=2, batch=2), held_out=2,
                                    stream=replace(self.vae.stream, steps=2, batch=2, prefix_chunks=(3,))),
-                       transformer=replace(self.transformer, steps=2, batch=2, held_out=1, motion_steps=1))
+                       transformer=replace(self.transformer, steps=2, batch=2, held_out=1, motion_steps=1),
+                       decoder=replace(self.decoder, steps=2, batch=2, held_out=1))
 
 
 def _logger(path: Path, echo: Callable[[str], None] = print) -> Callable[[dict], None]:
@@ -108,6 +112,15 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
         torch.save({"latents": latents, "mixes": mixes, "poses": poses}, latents_file)
         log({"stage": "encode", "trajectories": len(paths), "seconds": round(time.time() - t, 1)})
 
+    decoder_dir = work / "tiny_decoder"
+    if "decoder" in wanted and not (decoder_dir / "model.safetensors").is_file():
+        data = torch.load(latents_file, weights_only=False)
+        vae_config = json.loads((vae_dir / "config.json").read_text())
+        videos = [load_trajectory(p).frames for p in paths]
+        space = tuple(i >= 3 - len(vae_config["temperal_downsample"]) for i in range(3))
+        report["decoder"] = train_tiny_decoder(data["latents"], videos, vae_config["latents_mean"], vae_config["latents_std"], space,
+                                               decoder_dir, config.decoder, seed=seed, log=log)
+
     if "world" in wanted:
         data = torch.load(latents_file, weights_only=False)  # our own file: Pose objects ride along
         trainer = _trainer(work, config, seed)
@@ -125,7 +138,14 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
         vae = AutoencoderKLWan.from_pretrained(vae_dir)
         weights = {"transformer": state["transformer"], "camera_adapter": state["camera_adapter"],
                    "text_encoder": state["text_encoder"], "vae": vae.state_dict()}
-        save_shipped(weights, list(vae.config.latents_mean), list(vae.config.latents_std), out)
+        decoder = None
+        if (decoder_dir / "model.safetensors").is_file():
+            from deployments.generation.tiny_decoder import TinyVideoDecoder
+
+            decoder = TinyVideoDecoder.from_pretrained(decoder_dir)
+            weights["tiny_decoder"] = decoder.state_dict()
+        save_shipped(weights, list(vae.config.latents_mean), list(vae.config.latents_std), out,
+                     tiny_decoder_widths=None if decoder is None else decoder.config.widths)
         log({"stage": "export", "out": str(out), "bytes": sum(f.stat().st_size for f in out.glob("*.safetensors"))})
     return report
 
