@@ -38,9 +38,10 @@ class AppConfig(BaseModel):
     require_gpus_at_deploy: bool = True
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     vae_dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: the same as dtype
-    # Which decoder turns latents into frames: the model's Wan VAE (exact), or the tiny streaming decoder in
-    # the model folder's `tiny_decoder/` (deployments/generation/tiny_decoder.py; much cheaper, approximate).
-    video_decoder: Literal["vae", "tiny"] = "vae"
+    # Which decoder turns latents into frames: the model's Wan VAE (exact), the tiny streaming decoder in the
+    # model folder's `tiny_decoder/` (deployments/generation/tiny_decoder.py; much cheaper), or `auto`: the tiny
+    # one when it was trained for the model (the built-in world model's), else the VAE.
+    video_decoder: Literal["auto", "vae", "tiny"] = "auto"
     tensor_parallel_size: PositiveInt = 1
     gpu_memory_fraction: float = Field(0.9, gt=0.0, le=1.0)
     num_replicas: PositiveInt = 1

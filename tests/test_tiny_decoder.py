@@ -177,3 +177,18 @@ def test_a_model_without_a_tiny_decoder_is_refused_naming_the_folder(tmp_path) -
     folder = make_world_model(tmp_path / "no-tiny", WorldModelSpec(tiny_decoder_widths=None))
     with pytest.raises(CheckpointError, match="has no tiny_decoder/"):
         WorldModelEngine.from_pretrained(folder, video_decoder="tiny")
+
+
+def test_auto_picks_a_tiny_decoder_only_when_it_was_trained_for_the_model(tmp_path, world_model_dir) -> None:
+    import json
+    import shutil
+
+    from deployments.generation.checkpoint import resolve_video_decoder
+
+    assert resolve_video_decoder(world_model_dir, "auto") == "vae"  # random weights, for timing: not picked
+    assert resolve_video_decoder(world_model_dir, "tiny") == "tiny"
+    trained = tmp_path / "trained"
+    shutil.copytree(world_model_dir / "tiny_decoder", trained / "tiny_decoder")
+    config = json.loads((trained / "tiny_decoder" / "config.json").read_text())
+    (trained / "tiny_decoder" / "config.json").write_text(json.dumps(config | {"trained": True}))
+    assert resolve_video_decoder(trained, "auto") == "tiny" and resolve_video_decoder(trained, "vae") == "vae"

@@ -88,6 +88,9 @@ def test_exported_weights_install_exactly_and_serve(smoke_run, tmp_path) -> None
     decoder = load_file(smoke_run / "weights" / "tiny_decoder.safetensors")
     installed = load_file(dirs["world-model"] / "tiny_decoder" / "model.safetensors")
     assert set(decoder) == set(installed) and all(torch.equal(decoder[k].float(), installed[k].float()) for k in decoder)
+    from deployments.generation.checkpoint import resolve_video_decoder
+
+    assert resolve_video_decoder(dirs["world-model"], "auto") == "tiny"  # trained for this model: served by default
     for name, image in (("world-model", None), ("world-model-i2v", np.zeros((64, 64, 3), np.uint8))):
         for video_decoder in ("vae", "tiny"):
             engine = WorldModelEngine.from_pretrained(dirs[name], video_decoder=video_decoder)

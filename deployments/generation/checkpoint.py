@@ -25,6 +25,14 @@ from deployments.generation.tensor_parallel import (
 TINY_DECODER_FOLDER = "tiny_decoder"
 
 
+def resolve_video_decoder(root: Path, choice: str) -> str:
+    """`auto`: the folder's tiny decoder when it was trained for this model, else the VAE."""
+    if choice != "auto":
+        return choice
+    config = root / TINY_DECODER_FOLDER / "config.json"
+    return "tiny" if config.is_file() and json.loads(config.read_text()).get("trained", False) else "vae"
+
+
 @dataclass
 class WorldModelComponents:
     path: Path

@@ -30,7 +30,7 @@ from deployments.generation.attention import (
     install_processors,
 )
 from deployments.generation.camera import plucker_rays
-from deployments.generation.checkpoint import WorldModelComponents, load_world_model
+from deployments.generation.checkpoint import WorldModelComponents, load_world_model, resolve_video_decoder
 from deployments.generation.conditioning import image_condition, last_frame_condition
 from deployments.generation.interactions import BlockPlan, Director
 from deployments.generation.kv_cache import KVLayout, RollingKVCache
@@ -109,9 +109,11 @@ class WorldModelEngine:
         video_decoder: str = "vae",
     ) -> "WorldModelEngine":
         """Load a checkpoint; with `tensor_parallel` every rank calls this and the transformer is sharded after loading.
-        `video_decoder`: "vae" (the Wan VAE, exact) or "tiny" (the folder's `tiny_decoder/`)."""
+        `video_decoder`: "vae" (the Wan VAE, exact), "tiny" (the folder's `tiny_decoder/`), or "auto" (the tiny
+        one when it was trained for this model)."""
+        tiny = resolve_video_decoder(Path(path), video_decoder) == "tiny"
         return cls(load_world_model(path, device=device, dtype=dtype, vae_dtype=vae_dtype, tensor_parallel=tensor_parallel,
-                                    tiny_decoder=video_decoder == "tiny"))
+                                    tiny_decoder=tiny))
 
     @property
     def decodes(self) -> bool:

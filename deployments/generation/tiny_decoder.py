@@ -46,6 +46,8 @@ class TinyDecoderConfig:
     widths: tuple[int, int, int, int] = (256, 128, 64, 64)
     time_upscale: tuple[bool, bool, bool] = (False, True, True)  # per stage: x2 in time
     space_upscale: tuple[bool, bool, bool] = (True, True, True)  # per stage: x2 in space
+    # Trained for its model (not random weights for timing): `video_decoder: auto` then picks it.
+    trained: bool = False
 
     @property
     def time_factor(self) -> int:

@@ -9,6 +9,8 @@ with the same `from_pretrained` calls that load a real checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,6 +237,7 @@ def build_world_model(
         decoder = make_tiny_decoder(spec, seed)
         if "tiny_decoder" in trained:
             decoder.load_state_dict(trained["tiny_decoder"], strict=True)
+            decoder.config = dataclasses.replace(decoder.config, trained=True)  # `video_decoder: auto` picks it
         counts["tiny_decoder"] = _parameters(decoder)
         decoder.to(dtype).save_pretrained(out / "tiny_decoder")
     (out / "README.md").write_text(readme)
