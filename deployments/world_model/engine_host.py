@@ -236,6 +236,7 @@ class EngineHost:
     def __init__(self, executor: LocalExecutor | TensorParallelExecutor) -> None:
         self.executor = executor
         self._info: dict | None = None
+        self._opening: dict[str, asyncio.Future] = {}  # opens whose caller may be cancelled before they end
 
     def start(self) -> None:
         self._info = self.executor.start()[0]
@@ -251,7 +252,16 @@ class EngineHost:
         if config.seed is None:
             # Every rank must draw the same noise: the seed is settled here, once, not on each rank.
             config = dataclasses.replace(config, seed=secrets.randbits(63))
-        return await self.executor.call("open", config, session_id)
+        # The open runs to its end even when its caller is cancelled (it is in a worker thread or on the ranks
+        # anyway); `close` waits for it, so a session cancelled while opening leaves nothing behind.
+        opening = self._opening[session_id] = asyncio.ensure_future(self.executor.call("open", config, session_id))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            raise  # the caller is gone, the open goes on: `close` waits for it
+        except BaseException:
+            self._opening.pop(session_id, None)  # refused: nothing was opened
+            raise
 
     async def submit(self, session_id: str, interaction: Interaction) -> None:
         # The engine refuses the same interactions on every rank; rank 0's refusal is raised.
@@ -267,6 +277,16 @@ class EngineHost:
         self.executor.signal("cancel", session_id)
 
     async def close(self, session_id: str) -> None:
+        # Called from `finally` blocks of cancelled sessions, where a second cancellation can end the wait:
+        # shielded, the close still runs (a call still queued for a worker thread would otherwise be dropped).
+        await asyncio.shield(self._close(session_id))
+
+    async def _close(self, session_id: str) -> None:
+        opening = self._opening.pop(session_id, None)
+        if opening is not None:
+            await asyncio.wait([opening])  # closing before the open has run would leave what it opens
+            if not opening.cancelled():
+                opening.exception()  # seen here: a failed open whose caller was cancelled
         await self.executor.call("close", session_id)
 
     async def ranks(self) -> list[dict]:

@@ -255,8 +255,8 @@ class WorldModelServer:
         try:
             await self.mailbox.open.remote(sid, self.config.lease_timeout_s)
             try:
+                opened = True  # from the call on: a cancelled open is closed once it has run (EngineHost.close)
                 seed = await self.host.open(request, sid)
-                opened = True
             except ValueError as exc:
                 self.metrics.session_start("invalid_request")
                 yield SessionRefused("invalid_request", str(exc))
@@ -338,13 +338,15 @@ class WorldModelServer:
                 decoding.exception()
             if encoder is not None:
                 encoder.shutdown()
-            if opened:
-                await self.host.close(sid)
-            self.slots.release(sid)
             try:
-                self.mailbox.close.remote(sid)
-            except Exception:  # the replica is going down; the mailbox goes with it
-                pass
+                if opened:
+                    await self.host.close(sid)  # a second cancellation may end this wait, never the close
+            finally:
+                self.slots.release(sid)
+                try:
+                    self.mailbox.close.remote(sid)
+                except Exception:  # the replica is going down; the mailbox goes with it
+                    pass
 
 
 @dataclass
