@@ -34,13 +34,8 @@ def run(args) -> dict:
     folder = args.model or common.model_dir(args.models, "world-model")
     vae = AutoencoderKLWan.from_pretrained(folder, subfolder="vae").eval()
     space, time_factor = vae.config.scale_factor_spatial, vae.config.scale_factor_temporal
-    stages = {8: (True, True, True), 4: (False, True, True), 2: (False, False, True)}
-    tiny = TinyVideoDecoder(TinyDecoderConfig(
-        latent_channels=vae.config.z_dim,
-        widths=tuple(int(w) for w in args.widths.split(",")),
-        space_upscale=stages[space],
-        time_upscale=stages[time_factor] if time_factor in stages else (False, True, True),
-    )).eval()
+    widths = tuple(int(w) for w in args.widths.split(","))
+    tiny = TinyVideoDecoder(TinyDecoderConfig.for_vae(vae.config.z_dim, space, time_factor, widths)).eval()
     width, height = args.size
     latents = torch.randn(1, vae.config.z_dim, 3, height // space, width // space)
 

@@ -17,7 +17,17 @@ from deployments.generation.tiny_decoder import (
     decode_tiny_together,
 )
 
-SMALL = TinyDecoderConfig(widths=(16, 12, 8, 8), space_upscale=(False, True, True))
+SMALL = TinyDecoderConfig.for_vae(16, spatial=4, temporal=4, widths=(16, 12, 8, 8))
+
+
+def test_the_decoder_for_a_vae_undoes_its_factors_in_its_last_stages() -> None:
+    wan = TinyDecoderConfig.for_vae(16, spatial=8, temporal=4, widths=(256, 128, 64, 64))
+    assert wan == TinyDecoderConfig()  # the published taew2_1 shape
+    assert (SMALL.space_upscale, SMALL.time_upscale) == ((False, True, True), (False, True, True))
+    assert TinyDecoderConfig.for_vae(4, spatial=1, temporal=2, widths=(8, 8, 8, 8)).space_upscale == (False, False, False)
+    for spatial in (3, 16, 0):
+        with pytest.raises(ValueError, match=f"spatial factor is {spatial}"):
+            TinyDecoderConfig.for_vae(16, spatial=spatial, temporal=4, widths=(8, 8, 8, 8))
 
 
 @pytest.fixture(scope="module")

@@ -434,6 +434,8 @@ def test_transition_samples_end_inside_a_prompt_transition() -> None:
     latents = [torch.full((2, fpb * blocks, 4, 4), float(i)) for i in range(3)]
     poses = [[(Pose(),) * fpb] * blocks] * 3
     assert transition_blocks(mixes, fpb, latents, 4) == [(0, [0, 2, 3, 4]), (2, [0, 1, 2, 3]), (2, [0, 2, 3, 4])]
+    # With a tail, also the blocks that must settle after a transition has ended (and no other).
+    assert transition_blocks(mixes, fpb, latents, 4, tail=1) == [(0, [0, 2, 3, 4]), (0, [0, 3, 4, 5]), (2, [0, 1, 2, 3]), (2, [0, 2, 3, 4]), (2, [0, 3, 4, 5])]
     rng = np.random.default_rng(0)
     recipe = TransformerTraining(batch=4, blocks=4, transition_fraction=1.0)
     drawn = [s for _ in range(20) for s in draw_samples(rng, recipe, fpb, latents, mixes, poses, text_to_video=[0, 1])]

@@ -32,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--own-context", type=float, metavar="FRACTION", help="share of samples whose context is the model's own one-step guess of each block, targets kept true (default: 0)")
     parser.add_argument("--first-block-weight", type=float, metavar="W", help="loss weight of a text-to-video sample's first block (default: 1)")
     parser.add_argument("--transitions", type=float, metavar="FRACTION", help="share of samples drawn to end inside a prompt transition (default: 0, as they come)")
+    parser.add_argument("--transition-tail", type=int, metavar="N", help="those samples may also end up to N blocks after a transition has ended (default: 0)")
     parser.add_argument("--switch-weight", type=float, metavar="W", help="loss weight of blocks inside a prompt transition, after the motion steps (default: 0.3)")
     parser.add_argument("--decoder-steps", type=int, help="tiny streaming decoder training steps (default: 1500)")
     parser.add_argument("--init-from", metavar="DIR", help="go on from shipped weights (e.g. deployments/models/weights/world): their VAE is kept, training starts from their transformer")
@@ -78,12 +79,15 @@ def main(args: argparse.Namespace) -> int:
         if value is not None and not 0.0 <= value <= 1.0:
             print(f"rtv train-world: {flag} must be between 0 and 1, not {value}", file=sys.stderr)
             return 2
+    if args.transition_tail is not None and args.transition_tail < 0:
+        print(f"rtv train-world: --transition-tail must be 0 or more, not {args.transition_tail}", file=sys.stderr)
+        return 2
     if args.first_block_weight is not None and not args.first_block_weight > 0:
         print(f"rtv train-world: --first-block-weight must be above 0, not {args.first_block_weight}", file=sys.stderr)
         return 2
     recipe = (("steps", args.steps), ("motion_steps", args.motion_steps), ("context_blur_fraction", args.context_blur),
               ("own_context_fraction", args.own_context), ("switch_weight", args.switch_weight),
-              ("first_block_weight", args.first_block_weight), ("transition_fraction", args.transitions))
+              ("first_block_weight", args.first_block_weight), ("transition_fraction", args.transitions), ("transition_tail", args.transition_tail))
     for name, value in recipe:
         if value is not None:
             config = replace(config, transformer=replace(config.transformer, **{name: value}))

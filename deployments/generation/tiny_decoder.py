@@ -58,9 +58,25 @@ class TinyDecoderConfig:
         return 2 ** sum(self.space_upscale) * self.patch_size
 
     @classmethod
+    def for_vae(cls, latent_channels: int, spatial: int, temporal: int, widths: tuple[int, int, int, int], **fields) -> "TinyDecoderConfig":
+        """The decoder that undoes a VAE's scale factors (1, 2, 4 or 8 each): its upsamples sit in the last
+        stages, where the channels are fewest, as the published decoders place theirs."""
+        config = cls(latent_channels=latent_channels, widths=tuple(widths), space_upscale=_last_stages(spatial, "spatial"),
+                     time_upscale=_last_stages(temporal, "temporal"), **fields)
+        assert (config.space_factor, config.time_factor) == (spatial, temporal)
+        return config
+
+    @classmethod
     def from_dict(cls, data: dict) -> "TinyDecoderConfig":
         known = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+
+def _last_stages(factor: int, name: str) -> tuple[bool, bool, bool]:
+    doublings = factor.bit_length() - 1
+    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1 or 2**doublings != factor or doublings > 3:
+        raise ValueError(f"a tiny decoder upsamples by 1, 2, 4 or 8; the VAE's {name} factor is {factor!r}")
+    return tuple(stage >= 3 - doublings for stage in range(3))
 
 
 def _conv(n_in: int, n_out: int, bias: bool = True) -> nn.Conv2d:

@@ -110,16 +110,11 @@ def make_vae(spec: WorldModelSpec):
 
 
 def make_tiny_decoder(spec: WorldModelSpec, seed: int = 0):
-    """The spec's tiny streaming decoder, fresh: its upsamples in the last stages, matching the VAE's factors."""
+    """The spec's tiny streaming decoder, fresh, matching the VAE's factors."""
     from deployments.generation.tiny_decoder import TinyDecoderConfig, TinyVideoDecoder
 
-    space, time = len(spec.vae_dim_mult) - 1, sum(spec.vae_temporal_downsample)
-    config = TinyDecoderConfig(
-        latent_channels=spec.latent_channels,
-        widths=tuple(spec.tiny_decoder_widths),
-        time_upscale=tuple(i >= 3 - time for i in range(3)),
-        space_upscale=tuple(i >= 3 - space for i in range(3)),
-    )
+    config = TinyDecoderConfig.for_vae(spec.latent_channels, 2 ** (len(spec.vae_dim_mult) - 1), 2 ** sum(spec.vae_temporal_downsample),
+                                       spec.tiny_decoder_widths)
     with torch.random.fork_rng(devices=[]):  # its own stream: the other components' weights stay as they were
         torch.manual_seed(seed)
         return TinyVideoDecoder(config).eval()

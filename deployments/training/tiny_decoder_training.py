@@ -63,21 +63,22 @@ def train_tiny_decoder(
     videos: list[np.ndarray],
     latents_mean: list[float],
     latents_std: list[float],
-    space_upscale: tuple[bool, bool, bool],
+    shape: TinyDecoderConfig,
     out_dir: Path,
     config: DecoderTraining = DecoderTraining(),
     seed: int = 0,
     log: Callable[[dict], None] = print,
 ) -> dict:
     """`latents`: normalized (z, F, h, w) per trajectory (`WORK/latents.pt`); `videos`: its rendered uint8
-    frames (T, H, W, 3). Writes `out_dir` (the decoder's folder) and returns the held-out PSNR."""
+    frames (T, H, W, 3); `shape`: the decoder to train (`TinyDecoderConfig.for_vae`). Writes `out_dir`
+    (the decoder's folder) and returns the held-out PSNR."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     z = latents[0].shape[0]
     mean, std = torch.tensor(latents_mean).view(z, 1, 1, 1), torch.tensor(latents_std).view(z, 1, 1, 1)
     raw = [lat.float() * std + mean for lat in latents]
     frames = [torch.from_numpy(v) for v in videos]
-    model = TinyVideoDecoder(TinyDecoderConfig(latent_channels=z, widths=config.widths, space_upscale=space_upscale))
+    model = TinyVideoDecoder(shape)
     held = config.held_out
     train_ids = list(range(len(raw) - held))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)

@@ -27,6 +27,7 @@ import torch
 from deployments.models.builtin_world_model import BUILTIN_SPEC, save_shipped
 from deployments.training.copy_init import init_as_copy
 from deployments.training.dataset import list_trajectories, load_trajectory, render_dataset, starts_at_origin
+from deployments.generation.tiny_decoder import TinyDecoderConfig
 from deployments.training.tiny_decoder_training import DecoderTraining, train_tiny_decoder
 from deployments.training.transformer_training import Sample, TeacherForcing, TransformerTraining, sequence_blocks_for, train_transformer
 from deployments.training.vae_training import VAETraining, encode_video, train_vae, vae_trained
@@ -117,8 +118,9 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
         data = torch.load(latents_file, weights_only=False)
         vae_config = json.loads((vae_dir / "config.json").read_text())
         videos = [load_trajectory(p).frames for p in paths]
-        space = tuple(i >= 3 - len(vae_config["temperal_downsample"]) for i in range(3))
-        report["decoder"] = train_tiny_decoder(data["latents"], videos, vae_config["latents_mean"], vae_config["latents_std"], space,
+        shape = TinyDecoderConfig.for_vae(vae_config["z_dim"], vae_config["scale_factor_spatial"], vae_config["scale_factor_temporal"],
+                                          config.decoder.widths)
+        report["decoder"] = train_tiny_decoder(data["latents"], videos, vae_config["latents_mean"], vae_config["latents_std"], shape,
                                                decoder_dir, config.decoder, seed=seed, log=log)
 
     if "world" in wanted:

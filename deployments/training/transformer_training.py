@@ -84,6 +84,9 @@ class TransformerTraining:
     # in eight is one): a model that mostly sees blocks whose text matches their context learns to copy the
     # context's colours and keep them when the prompt changes.
     transition_fraction: float = 0.0
+    # Those samples may also end this many blocks after a transition has finished: the blocks that must
+    # settle on the new prompt from a context still half-way (with own context, one that lags behind).
+    transition_tail: int = 0
     held_out: int = 16  # trajectories kept out of training, for the context probe
     gap_fraction: float = 0.6  # sequences whose later blocks jump ahead, as after the window slides (most of a session)
     switch_weight: float = 0.3  # loss weight of blocks in a prompt transition (they carry most of the copy's error)
@@ -366,7 +369,7 @@ def draw_samples(rng: np.random.Generator, recipe: TransformerTraining, fpb: int
         image = bool(rng.random() < recipe.image_fraction)
         pool = text_to_video if not image and text_to_video else None
         if recipe.transition_fraction > 0 and rng.random() < recipe.transition_fraction:  # drawn only then: old recipes replay
-            switches = switches if switches is not None else transition_blocks(mixes, fpb, latents, recipe.blocks)
+            switches = switches if switches is not None else transition_blocks(mixes, fpb, latents, recipe.blocks, recipe.transition_tail)
             listed = None if pool is None else set(pool)
             allowed = switches if listed is None else [c for c in switches if c[0] in listed]
             if allowed:
@@ -379,14 +382,15 @@ def draw_samples(rng: np.random.Generator, recipe: TransformerTraining, fpb: int
     return samples
 
 
-def transition_blocks(mixes: list[list], fpb: int, latents: list[torch.Tensor], blocks: int) -> list[tuple[int, list[int]]]:
-    """Every (trajectory, sequence) whose last block is inside a prompt transition: the sink block, then the
-    blocks just before it, so the block learns the change from a context that still shows the old prompt."""
+def transition_blocks(mixes: list[list], fpb: int, latents: list[torch.Tensor], blocks: int, tail: int = 0) -> list[tuple[int, list[int]]]:
+    """Every (trajectory, sequence) whose last block is inside a prompt transition or at most `tail` blocks
+    after one: the sink block, then the blocks just before it, so the block learns the change from a
+    context that still shows the old prompt."""
     out = []
     for t, per_block in enumerate(mixes):
         available = latents[t].shape[1] // fpb
         for i in range(blocks - 1, available):
-            if per_block[i] != per_block[i - 1]:
+            if any(per_block[j] != per_block[j - 1] for j in range(max(1, i - tail), i + 1)):
                 out.append((t, [0] + list(range(i - blocks + 2, i + 1))))
     return out
 
