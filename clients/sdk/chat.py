@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from clients.sdk.connection import WebSocketClient, connect_kwargs, endpoint_url, open_websocket, short
+from clients.sdk.connection import WebSocketClient, as_the_server_reads_it, connect_kwargs, endpoint_url, open_websocket, short
 from clients.sdk.errors import ClientConnectionError, ClientError, ClientInputError, ClientProtocolError, ClientTimeoutError, ServerError, SessionEndedError, server_error
 from deployments.protocol import server_messages as wire
 from clients.sdk.connection import one_line as _one_line
@@ -334,12 +334,6 @@ def chat_url(url: str) -> str:
     return endpoint_url(url, PATH)
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ClientInputError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 def session_config_message(
     *,
     model: str | None = None,
@@ -352,35 +346,15 @@ def session_config_message(
     extra: dict | None = None,
 ) -> dict:
     """Build a `session.config`; only the fields given are set (the server's defaults apply to the rest).
-    `extra` adds any other fields and wins over the rest. Raises ClientInputError."""
-    message: dict[str, Any] = {"type": "session.config"}
-    if model is not None:
-        if not isinstance(model, str):
-            raise ClientInputError(f"model must be a string, got {model!r}")
-        message["model"] = model
-    if modalities is not None:
-        if isinstance(modalities, str) or not all(isinstance(m, str) for m in modalities):
-            raise ClientInputError(f"modalities must be a list of strings, got {modalities!r}")
-        message["modalities"] = list(modalities)
-    if max_frames is not None:
-        message["max_frames"] = _positive_int("max_frames", max_frames)
-    if num_sample_frames is not None:
-        message["num_sample_frames"] = _positive_int("num_sample_frames", num_sample_frames)
-    if evs_enabled is not None:
-        if not isinstance(evs_enabled, bool):
-            raise ClientInputError(f"evs_enabled must be true or false, got {evs_enabled!r}")
-        message["evs_enabled"] = evs_enabled
-    if evs_threshold is not None:
-        if isinstance(evs_threshold, bool) or not isinstance(evs_threshold, (int, float)) or not math.isfinite(evs_threshold):
-            raise ClientInputError(f"evs_threshold must be a finite number, got {evs_threshold!r}")
-        message["evs_threshold"] = evs_threshold
-    if system_prompt is not None:
-        if not isinstance(system_prompt, str):
-            raise ClientInputError(f"system_prompt must be a string, got {system_prompt!r}")
-        message["system_prompt"] = system_prompt
-    if extra:
-        message.update({k: v for k, v in extra.items() if k != "type"})
-    return message
+    `extra` adds any other fields and wins over the rest. Raises ClientInputError with the server's own words."""
+    from deployments.protocol.chat import parse_session_config
+
+    fields = {"model": model, "modalities": list(modalities) if isinstance(modalities, tuple) else modalities,
+              "max_frames": max_frames, "num_sample_frames": num_sample_frames, "evs_enabled": evs_enabled,
+              "evs_threshold": evs_threshold, "system_prompt": system_prompt}
+    message = {"type": "session.config", **{k: v for k, v in fields.items() if v is not None}}
+    message.update({k: v for k, v in (extra or {}).items() if k != "type"})
+    return as_the_server_reads_it(message, parse_session_config)
 
 
 def encode_jpeg(image: Any, quality: int = DEFAULT_JPEG_QUALITY) -> bytes:
@@ -506,7 +480,6 @@ class ChatStreamClient(WebSocketClient):
         self.on_event = on_event
         self._reader: asyncio.Task | None = None
         self._changed: asyncio.Condition | None = None
-        self._send_lock: asyncio.Lock | None = None
         self._query_lock: asyncio.Lock | None = None
         self._active: AnswerStream | None = None  # the query waiting for / streaming its answer
         self._next_frame = 0
@@ -515,7 +488,6 @@ class ChatStreamClient(WebSocketClient):
     async def connect(self) -> "ChatStreamClient":
 
         self._changed = asyncio.Condition()
-        self._send_lock = asyncio.Lock()
         self._query_lock = asyncio.Lock()
         self._ws = await open_websocket(self.url, self.open_timeout, self._connect_kwargs, ClientInputError, ClientConnectionError)
         self._t0 = time.perf_counter()
@@ -535,24 +507,6 @@ class ChatStreamClient(WebSocketClient):
         return self._result
 
     # -- sending ---------------------------------------------------------------------
-    async def send_json(self, message: dict) -> None:
-        await self.send_raw(json.dumps(message))
-
-    async def send_raw(self, data: str | bytes) -> None:
-        """Send anything (tests of malformed input). Raises SessionEndedError once the connection is gone."""
-        from websockets.exceptions import ConnectionClosed
-
-        if self._ws is None or self._send_lock is None:
-            raise ClientError("not connected")
-        if self._finished:
-            raise SessionEndedError(self._result.failure() or "the session is over")
-        try:
-            async with self._send_lock:
-                await self._ws.send(data)
-        except ConnectionClosed:
-            self._note_close(self._ws)
-            raise SessionEndedError(self._result.failure() or "the connection closed") from None
-
     async def configure(self, *, message: dict | None = None, **fields: Any) -> dict:
         """Send `session.config` (built by `session_config_message(**fields)`, or `message` as is);
         returns the message sent. No reply comes for it."""

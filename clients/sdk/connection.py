@@ -7,7 +7,7 @@ import json
 import os
 import time
 
-from clients.sdk.errors import ClientInputError
+from clients.sdk.errors import ClientError, ClientInputError, SessionEndedError
 
 API_KEY_ENV = "RTV_API_KEY"
 
@@ -40,6 +40,18 @@ def endpoint_url(url: str, path: str) -> str:
         raise ClientInputError(f"server URL {url!r} has no host")
     given = "/" + rest_path if slash else ""
     return f"{scheme}://{host}{given if given not in ('', '/') else path}"
+
+
+def as_the_server_reads_it(message: dict, parse) -> dict:
+    """Check a built message with the server's own parser (`deployments/protocol`): one set of rules at both ends,
+    so a message the SDK lets through is one the server takes, and its refusal reads the same."""
+    from deployments.protocol.errors import ProtocolError
+
+    try:
+        parse(json.dumps(message))
+    except ProtocolError as exc:
+        raise ClientInputError(exc.message) from None
+    return message
 
 
 def connect_kwargs(open_timeout: float, max_size: int | None, ping_interval: float | None, ping_timeout: float | None, close_timeout: float, additional_headers: dict | None) -> dict:
@@ -97,6 +109,25 @@ class WebSocketClient:
         self._ws = None
         self._t0: float | None = None
         self._finished = False
+        self._send_lock = asyncio.Lock()
+
+    async def send_json(self, message: dict) -> None:
+        await self.send_raw(json.dumps(message))
+
+    async def send_raw(self, data: str | bytes) -> None:
+        """Send anything (tests of malformed input). Raises SessionEndedError once the connection is gone."""
+        from websockets.exceptions import ConnectionClosed
+
+        if self._ws is None:
+            raise ClientError("not connected")
+        if self._finished:
+            raise SessionEndedError(self._result.failure() or "the session is over")
+        try:
+            async with self._send_lock:
+                await self._ws.send(data)
+        except ConnectionClosed:
+            self._note_close(self._ws)
+            raise SessionEndedError(self._result.failure() or "the connection closed") from None
 
     async def _close_socket(self) -> None:
         ws, self._ws = self._ws, None

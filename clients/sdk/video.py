@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from clients.sdk.connection import WebSocketClient, connect_kwargs, endpoint_url, open_websocket, short
+from clients.sdk.connection import WebSocketClient, as_the_server_reads_it, connect_kwargs, endpoint_url, open_websocket, short
 from clients.sdk.errors import ClientConnectionError, ClientError, ClientInputError, ClientProtocolError, ServerError, SessionEndedError, server_error
 from deployments.contract import images
 from deployments.protocol import server_messages as wire
@@ -357,19 +357,6 @@ def video_url(url: str) -> str:
     return endpoint_url(url, PATH)
 
 
-def _as_the_server_reads_it(message: dict, parser: str) -> dict:
-    """Check a built message with the server's own parser (deployments/protocol): one set of rules at both ends,
-    so a message the SDK lets through is one the server takes, and its refusal reads the same."""
-    from deployments.protocol import video as wire  # on use: it imports numpy
-    from deployments.protocol.errors import ProtocolError
-
-    try:
-        getattr(wire, parser)(json.dumps(message))
-    except ProtocolError as exc:
-        raise ClientInputError(exc.message) from None
-    return message
-
-
 def session_start_message(
     prompt: str,
     *,
@@ -411,7 +398,9 @@ def session_start_message(
         message["image_reference"] = {"image_url": image_reference_url}
     if extra:
         message.update({k: v for k, v in extra.items() if k != "type"})
-    return _as_the_server_reads_it(message, "parse_session_start")
+    from deployments.protocol.video import parse_session_start  # on use: it imports numpy
+
+    return as_the_server_reads_it(message, parse_session_start)
 
 
 def interaction_message(
@@ -436,7 +425,9 @@ def interaction_message(
     body: dict[str, Any] = {"event_id": uuid.uuid4().hex if event_id is None else event_id, "event": event}
     if transition_chunks is not None:
         body["transition_chunks"] = transition_chunks
-    return _as_the_server_reads_it({"type": "session.interaction", "interaction": body}, "parse_control_message")
+    from deployments.protocol.video import parse_control_message
+
+    return as_the_server_reads_it({"type": "session.interaction", "interaction": body}, parse_control_message)
 
 
 def read(data: dict) -> wire.ServerMessage | None:
@@ -516,7 +507,6 @@ class VideoStreamClient(WebSocketClient):
         super().__init__(video_url(url), open_timeout, options, SessionResult(url=video_url(url)))
         self._last_binary_at: float | None = None
         self._pending: ChunkMetadata | None = None  # metadata waiting for its binary frame
-        self._send_lock = asyncio.Lock()
 
     # -- connection ---------------------------------------------------------------
     async def connect(self) -> "VideoStreamClient":
@@ -530,19 +520,6 @@ class VideoStreamClient(WebSocketClient):
         return self._result
 
     # -- sending ---------------------------------------------------------------------
-    async def send_json(self, message: dict) -> None:
-        if self._ws is None:
-            raise ClientError("not connected")
-        async with self._send_lock:
-            await self._ws.send(json.dumps(message))
-
-    async def send_raw(self, data: str | bytes) -> None:
-        """Send anything (tests of malformed input)."""
-        if self._ws is None:
-            raise ClientError("not connected")
-        async with self._send_lock:
-            await self._ws.send(data)
-
     async def start(
         self,
         prompt: str | None = None,
