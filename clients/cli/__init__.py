@@ -137,6 +137,13 @@ COMMANDS: list[Command] = [
         "and write the weights in the layout `deployments/models/builtin_world_model.py` installs.",
     ),
     _module_command(
+        "train-omni",
+        "train_omni",
+        help="train the built-in understanding model on the procedural world (resumable; --smoke for a quick check)",
+        description="Render clips of the procedural world with tones, train the built-in Qwen2.5-Omni thinker to answer "
+        "the fixed questions through the server's own input building, and write the weights that `rtv make-models` installs.",
+    ),
+    _module_command(
         "generate",
         "generate",
         help="stream one session from a running server into an MP4 (+ JSON summary)",

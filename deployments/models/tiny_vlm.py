@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+from dataclasses import dataclass
 
 import torch
 from transformers import (
@@ -49,7 +50,7 @@ from transformers import (
 )
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-__all__ = ["make_tiny_vlm"]
+__all__ = ["VLMSpec", "build_vlm", "make_tiny_vlm"]
 
 # The Qwen2.5-Omni added tokens, in the order the real tokenizer assigns them
 # ids (151643...); the processor and chat template need all of these.
@@ -176,42 +177,64 @@ def _build_processor(tokenizer: Qwen2Tokenizer) -> Qwen2_5OmniProcessor:
     )
 
 
-def _build_config(tokenizer: Qwen2Tokenizer) -> Qwen2_5OmniThinkerConfig:
+@dataclass(frozen=True)
+class VLMSpec:
+    """Sizes of a Qwen2.5-Omni thinker; the defaults are the tiny random test one's."""
+
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 128
+    mrope_section: tuple[int, int, int] = (2, 3, 3)  # sums to head_dim / 2: time, height, width
+    vision_hidden: int = 32
+    vision_depth: int = 2
+    vision_heads: int = 2
+    vision_intermediate: int = 64
+    vision_full_attention: tuple[int, ...] = (1,)
+    audio_hidden: int = 32
+    audio_layers: int = 2
+    audio_heads: int = 2
+    audio_ffn: int = 64
+
+
+def _build_config(tokenizer: Qwen2Tokenizer, spec: VLMSpec = VLMSpec()) -> Qwen2_5OmniThinkerConfig:
     ids = tokenizer.convert_tokens_to_ids
-    hidden = 64
+    hidden = spec.hidden
+    if 2 * sum(spec.mrope_section) != hidden // spec.heads:
+        raise ValueError(f"mrope_section {spec.mrope_section} must sum to half the head size {hidden // spec.heads}")
     text_config = {
         "vocab_size": len(tokenizer),
         "hidden_size": hidden,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        "intermediate_size": spec.intermediate,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
         "max_position_embeddings": 32768,
-        # mrope_section must sum to head_dim / 2 (16 / 2): time, height, width.
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]},
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": list(spec.mrope_section)},
         "bos_token_id": ids("<|im_start|>"),
         "eos_token_id": ids("<|im_end|>"),
         "pad_token_id": ids("<|endoftext|>"),
         "tie_word_embeddings": False,
     }
     vision_config = {
-        "depth": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 2,
+        "depth": spec.vision_depth,
+        "hidden_size": spec.vision_hidden,
+        "intermediate_size": spec.vision_intermediate,
+        "num_heads": spec.vision_heads,
         "patch_size": 14,
         "spatial_merge_size": 2,
         "temporal_patch_size": 2,
         "window_size": 112,
         "out_hidden_size": hidden,
-        "fullatt_block_indexes": [1],
+        "fullatt_block_indexes": list(spec.vision_full_attention),
     }
     audio_config = {
         "num_mel_bins": 16,
-        "encoder_layers": 2,
-        "encoder_attention_heads": 2,
-        "encoder_ffn_dim": 64,
-        "d_model": 32,
+        "encoder_layers": spec.audio_layers,
+        "encoder_attention_heads": spec.audio_heads,
+        "encoder_ffn_dim": spec.audio_ffn,
+        "d_model": spec.audio_hidden,
         "max_source_positions": 1500,
         "n_window": 100,
         "output_dim": hidden,
@@ -240,31 +263,35 @@ def _build_config(tokenizer: Qwen2Tokenizer) -> Qwen2_5OmniThinkerConfig:
     )
 
 
-def make_tiny_vlm(out_dir: str | os.PathLike[str], seed: int = 0) -> pathlib.Path:
-    """Write a tiny Qwen2.5-Omni thinker checkpoint with its processor to `out_dir`.
-
-    The same seed gives byte-identical weights. Returns the folder path.
-    """
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-
+def build_vlm(spec: VLMSpec = VLMSpec(), seed: int = 0) -> tuple[Qwen2_5OmniThinkerForConditionalGeneration, Qwen2_5OmniProcessor]:
+    """A fresh thinker of `spec`'s sizes with its processor (the same seed, the same weights)."""
     tokenizer = _build_tokenizer()
     processor = _build_processor(tokenizer)
-    config = _build_config(tokenizer)
-
+    config = _build_config(tokenizer, spec)
     # fork_rng keeps the caller's global RNG untouched while seeding init.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2_5OmniThinkerForConditionalGeneration(config).eval()
-
     # Stop on either end marker and pad with <|endoftext|>, as the real one.
     model.generation_config = GenerationConfig(
         bos_token_id=config.text_config.bos_token_id,
         eos_token_id=[tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")],
         pad_token_id=config.text_config.pad_token_id,
     )
+    return model, processor
+
+
+def make_tiny_vlm(out_dir: str | os.PathLike[str], seed: int = 0, *, spec: VLMSpec = VLMSpec(), weights: dict | None = None,
+                  readme: str = _README) -> pathlib.Path:
+    """Write a Qwen2.5-Omni thinker checkpoint with its processor to `out_dir`: random weights from `seed`
+    (byte-identical for the same seed), or the trained `weights` (a state dict) when given. Returns the folder."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model, processor = build_vlm(spec, seed)
+    if weights is not None:
+        model.load_state_dict(weights, strict=True)
 
     model.save_pretrained(out)
     processor.save_pretrained(out)
-    (out / "README.md").write_text(_README)
+    (out / "README.md").write_text(readme)
     return out

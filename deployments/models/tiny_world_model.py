@@ -261,17 +261,19 @@ def keeps_fp32(name: str, keep: list[str] | tuple[str, ...]) -> bool:
 def make_models(out_dir: str | os.PathLike, seed: int = 0, trained: bool = True) -> dict[str, Path]:
     """The built-in checkpoints the server serves by default, under one folder.
 
-    The world models are the trained built-in ones (`builtin_world_model`) when their weights ship
-    with this checkout and `trained` is set; otherwise tiny random-weight ones from `seed`."""
-    from deployments.models.builtin_world_model import install_builtin_world_models, weights_available
+    Each model is the trained built-in one (`builtin_world_model`, `builtin_omni_model`) when its weights
+    ship with this checkout and `trained` is set; otherwise a tiny random-weight one from `seed`."""
+    from deployments.models import builtin_omni_model, builtin_world_model
     from deployments.models.tiny_vlm import make_tiny_vlm
 
     out = Path(out_dir)
-    if trained and weights_available():
-        world = install_builtin_world_models(out)
+    if trained and builtin_world_model.weights_available():
+        world = builtin_world_model.install_builtin_world_models(out)
     else:
         world = {
             "world-model": make_world_model(out / "world-model", WorldModelSpec(), seed=seed),
             "world-model-i2v": make_world_model(out / "world-model-i2v", WorldModelSpec(image_conditioned=True), seed=seed),
         }
+    if trained and builtin_omni_model.weights_available():
+        return world | {"omni": builtin_omni_model.install_builtin_omni(out / "omni")}
     return world | {"omni": make_tiny_vlm(out / "omni", seed=seed)}

@@ -20,7 +20,6 @@ import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -28,6 +27,7 @@ from deployments.models.builtin_world_model import BUILTIN_SPEC, save_shipped
 from deployments.training.copy_init import init_as_copy
 from deployments.training.dataset import list_trajectories, load_trajectory, render_dataset, starts_at_origin
 from deployments.generation.tiny_decoder import TinyDecoderConfig
+from deployments.training.logs import jsonl_logger
 from deployments.training.tiny_decoder_training import DecoderTraining, train_tiny_decoder
 from deployments.training.transformer_training import Sample, TeacherForcing, TransformerTraining, sequence_blocks_for, train_transformer
 from deployments.training.vae_training import VAETraining, encode_video, train_vae, vae_trained
@@ -61,21 +61,11 @@ class WorldTraining:
                        decoder=replace(self.decoder, steps=2, batch=2, held_out=1))
 
 
-def _logger(path: Path, echo: Callable[[str], None] = print) -> Callable[[dict], None]:
-    def log(record: dict) -> None:
-        line = json.dumps(record)
-        with open(path, "a") as f:
-            f.write(line + "\n")
-        echo(line)
-
-    return log
-
-
 def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining(), *, seed: int = 0, stages: tuple[str, ...] | None = None) -> dict:
     work, out = Path(work), Path(out)
     work.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(config.threads)
-    log = _logger(work / "train.log")
+    log = jsonl_logger(work / "train.log")
     wanted = set(stages or STAGES)
     report: dict = {}
 

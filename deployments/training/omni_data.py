@@ -1,0 +1,202 @@
+"""What the built-in thinker learns from: clips of the procedural world with a tone, and fixed questions.
+
+A clip is what one `video.query` sees on the chat path: a few frames sampled at
+the chat client's rate (2 frames/s by default) from a camera that holds one
+motion over the clip (the world model's keys: `j` left, `l` right, `i` up,
+`k` down, `w` forward, `s` back, or none), in one biome or switching
+to another part-way (a prompt change), with the microphone's audio over the
+same seconds: a low or high tone, steady or beeping, or silence, or no audio
+at all. The questions are a fixed, documented set (the model is a demo and a
+test oracle, not an assistant), each with a few phrasings; the answers are
+short and exact, so accuracy is a string match.
+
+Per sampled frame the camera moves one to three latent frames' worth of a held
+key (3 degrees or 0.1 units each): a world-model video at 16 frames/s sampled
+at 2 frames/s moves two latent frames per sample.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from deployments.generation.camera import KeyMotion, Pose, quat_axis_angle
+from deployments.training.measures import block_motion
+from deployments.training.trajectories import random_origin
+from deployments.training.world import BIOME_NAMES, BIOMES, render
+
+FPS = 2.0  # frames per second of a clip: the chat client's default
+SAMPLE_RATE = 16_000  # the audio.chunk rate
+MIN_FRAMES, MAX_FRAMES = 4, 16  # a query sees up to num_sample_frames (16 by default)
+MAX_PITCH = math.radians(40.0)  # the world model's player turns back beyond this
+MIN_TURN_PIXELS = 1.0  # a turn is drawn again from elsewhere until it moves the picture this much a frame
+TURN_ATTEMPTS = 8
+
+BIOME_ANSWERS = {
+    "meadow": "a green meadow",
+    "desert": "a sandy desert",
+    "snow": "a snowy field",
+    "shore": "an ocean shore",
+    "forest": "a forest",
+    "lava": "a lava field",
+    "city": "a city plaza",
+}
+# answer -> the key held through the clip. Sideways it is the turn (`j`/`l`): a strafe (`a`/`d`) over an
+# open shore moves nothing a 64x64 frame shows, so it would teach a guess.
+MOTIONS = {"left": "j", "right": "l", "up": "i", "down": "k", "forward": "w", "back": "s", "still": None}
+TURNS = ("left", "right", "up", "down")
+TONE_HERTZ = {"low": 220.0, "high": 880.0}
+NOTHING_HEARD = "nothing"
+NOTHING_CHANGED = "nothing changed"
+
+QUESTIONS = {
+    "biome": ("Where are we?", "What place is this?", "What kind of landscape is this?", "Describe the scene."),
+    "motion": ("Which way is the camera turning?", "Which way is the camera moving?", "What is moving?", "How does the view move?"),
+    "tone": ("What do you hear?", "What sound is playing?", "Is there a sound?"),
+    "change": ("What changed?", "How did the scene change?", "Did the place change?"),
+}
+KINDS = tuple(QUESTIONS)
+
+
+@dataclass(frozen=True)
+class Clip:
+    """The frames of one query: the camera's motion and the biome (or a change of biome) over them."""
+
+    frames: np.ndarray  # uint8 (T, H, W, 3), oldest first
+    start_biome: str
+    biome: str  # at the end of the clip
+    motion: str  # a key of MOTIONS
+
+    @property
+    def seconds(self) -> float:
+        return len(self.frames) / FPS
+
+
+@dataclass(frozen=True)
+class Sound:
+    """The microphone over a clip's seconds (independent of what the camera shows)."""
+
+    audio: np.ndarray | None  # float32 mono samples at SAMPLE_RATE; None: no audio sent
+    tone: str  # "low steady", "high beeping", ...; "" for silence or no audio
+
+
+def answer(kind: str, clip: Clip, sound: Sound) -> str:
+    """The one right answer to a question of `kind` about a clip and its sound."""
+    if kind == "biome":
+        return BIOME_ANSWERS[clip.biome]
+    if kind == "motion":
+        return clip.motion
+    if kind == "tone":
+        pitch, _, pattern = sound.tone.partition(" ")
+        return f"a {pitch} {pattern} tone" if sound.tone else NOTHING_HEARD
+    if kind == "change":
+        if clip.start_biome == clip.biome:
+            return NOTHING_CHANGED
+        return f"from {BIOME_ANSWERS[clip.start_biome]} to {BIOME_ANSWERS[clip.biome]}"
+    raise ValueError(f"unknown question kind {kind!r}; kinds are {', '.join(KINDS)}")
+
+
+def tone(pitch: str | None, pattern: str, seconds: float, rng: np.random.Generator) -> np.ndarray:
+    """A tone (`pitch` low/high, `pattern` steady/beeping 4 times a second) or, for None, room noise only."""
+    t = np.arange(int(round(seconds * SAMPLE_RATE))) / SAMPLE_RATE
+    noise = rng.normal(0.0, 0.005, t.shape)
+    if pitch is None:
+        return noise.astype(np.float32)
+    wave = float(rng.uniform(0.2, 0.5)) * np.sin(2 * math.pi * TONE_HERTZ[pitch] * t + rng.uniform(0, 2 * math.pi))
+    if pattern == "beeping":
+        wave = wave * (np.floor(t * 8 + rng.uniform(0, 1)) % 2 == 0)
+    return (wave + noise).astype(np.float32)
+
+
+def _poses(rng: np.random.Generator, origin: Pose, count: int, motion: str) -> list[Pose]:
+    step = Pose() if MOTIONS[motion] is None else KeyMotion().delta((MOTIONS[motion],))
+    per_frame = float(rng.uniform(1.0, 3.0))  # latent frames of the key per sampled frame
+    pose = origin
+    if motion in ("up", "down"):  # a pitch that stays within the player's range through the clip
+        turn = KeyMotion().turn_radians
+        per_frame = min(per_frame, 2 * MAX_PITCH / (max(count - 1, 1) * turn))
+        span = (count - 1) * per_frame * turn
+        low = -MAX_PITCH + span if motion == "up" else -MAX_PITCH  # "i" turns towards negative angles
+        start = float(rng.uniform(low, low + max(2 * MAX_PITCH - span, 0.0)))
+        pose = pose.compose(Pose(rotation=tuple(quat_axis_angle(0, start).tolist())))
+    poses = [pose]
+    for _ in range(count - 1):
+        whole, part = divmod(per_frame, 1.0)
+        for _ in range(int(whole)):
+            pose = pose.compose(step)
+        pose = pose.interpolate(pose.compose(step), part)
+        poses.append(pose)
+    return poses
+
+
+def render_clip(seed: int, *, frames: int | None = None, size: int = 64, change: float = 0.3) -> Clip:
+    """One clip, the same for the same arguments."""
+    rng = np.random.default_rng([seed, 18])
+    count = int(frames if frames is not None else rng.integers(MIN_FRAMES, MAX_FRAMES + 1))
+    start = str(rng.choice(BIOME_NAMES))
+    end = start
+    if rng.random() < change:
+        end = str(rng.choice([b for b in BIOME_NAMES if b != start]))
+    motion = str(rng.choice(list(MOTIONS)))
+    # A change blends over one to three frames, with at least one frame of each biome around it.
+    first = int(rng.integers(1, max(count - 2, 2)))
+    blend = int(rng.integers(1, 4))
+    a, b = np.eye(len(BIOMES))[BIOME_NAMES.index(start)], np.eye(len(BIOMES))[BIOME_NAMES.index(end)]
+    shares = [0.0 if start == end else 1.0 if i == count - 1 else float(np.clip((i - first + 1) / (blend + 1), 0.0, 1.0))
+              for i in range(count)]
+    for attempt in range(TURN_ATTEMPTS):
+        poses = _poses(rng, random_origin(seed * TURN_ATTEMPTS + attempt), count, motion)
+        video = np.stack([render(pose, (1 - share) * a + share * b, size, size) for pose, share in zip(poses, shares)])
+        if turn_shows(video, motion):
+            break
+    return Clip(video, start, end, motion)
+
+
+def turn_shows(frames: np.ndarray, motion: str) -> bool:
+    """Whether a turn moves the picture the way it names, a pixel a frame at least (not a still, a move
+    along the view, nor an empty horizon turned about, where a turn shows nothing anyone could name)."""
+    if motion not in TURNS:
+        return True
+    dx, dy = block_motion(frames)
+    along, sign = {"left": (dx, 1), "right": (dx, -1), "up": (dy, 1), "down": (dy, -1)}[motion]
+    return along * sign >= MIN_TURN_PIXELS * (len(frames) - 1)
+
+
+def draw_sound(rng: np.random.Generator, seconds: float, no_audio: float = 0.2) -> Sound:
+    """No audio at all (`no_audio` of the time), room noise, or a low or high tone, steady or beeping."""
+    if rng.random() < no_audio:
+        return Sound(None, "")
+    pitch = rng.choice(["low", "high", None])
+    pattern = str(rng.choice(["steady", "beeping"]))
+    audio = tone(None if pitch is None else str(pitch), pattern, seconds, rng)
+    return Sound(audio, "" if pitch is None else f"{pitch} {pattern}")
+
+
+def as_sent(frames: np.ndarray, rng: np.random.Generator, jpeg: float = 0.6, blur: float = 0.3) -> np.ndarray:
+    """Frames as the chat path may deliver them: JPEG-compressed by the client (quality 50 to 95) and, as the
+    world model makes them, a little soft; each with its probability, the same for the whole clip."""
+    import io
+
+    from PIL import Image, ImageFilter
+
+    quality = int(rng.integers(50, 96)) if rng.random() < jpeg else None
+    radius = float(rng.uniform(0.3, 1.0)) if rng.random() < blur else None
+    if quality is None and radius is None:
+        return frames
+    out = []
+    for frame in frames:
+        image = Image.fromarray(frame)
+        if radius is not None:
+            image = image.filter(ImageFilter.GaussianBlur(radius))
+        if quality is not None:
+            buffer = io.BytesIO()
+            image.save(buffer, format="JPEG", quality=quality)
+            image = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
+        out.append(np.asarray(image))
+    return np.stack(out)
+
+
+def question(rng: np.random.Generator, kind: str) -> str:
+    return str(rng.choice(QUESTIONS[kind]))

@@ -1,0 +1,176 @@
+"""`rtv train-omni`: the built-in thinker learns to answer the fixed questions about the procedural world.
+
+Every example goes through the server's own `UnderstandingEngine.build_inputs`
+(the processor, the chat template, the video and audio placement the chat path
+uses), with the answer and `<|im_end|>` appended as the assistant's turn; the
+loss is the answer's tokens only. Clips are rendered once (`WORK/clips.pt`);
+each step draws clips, a question kind and a phrasing, and a fresh sound for
+the clip's seconds, so the audio never repeats, and sends the frames as a client
+would (JPEG, sometimes soft as the world model makes them). Accuracy is the greedy answer
+(as served) equal to the right one, per question kind, on clips from seeds the
+training never drew (from `HELD_OUT_SEED` up).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from deployments.training.lr_schedule import warmup_cosine
+from deployments.training.omni_data import FPS, KINDS, TURNS, Clip, answer, as_sent, draw_sound, question, render_clip
+
+HELD_OUT_SEED = 1_000_000  # evaluation clips come from seeds at and above this one; training from below
+
+
+@dataclass(frozen=True)
+class OmniTraining:
+    steps: int = 2500
+    batch: int = 6  # examples per optimizer step (one forward each: their lengths differ)
+    lr: float = 2e-3
+    min_lr: float = 1e-4
+    warmup: int = 100
+    clips: int = 1600
+    # How often each kind is asked: the camera's motion is the hardest to see, so it is asked most.
+    kind_weights: tuple[float, ...] = (1.0, 2.0, 1.0, 1.0)  # KINDS order: biome, motion, tone, change
+    eval_clips: int = 60
+    eval_every: int = 500
+    checkpoint_every: int = 250
+    workers: int = 2
+
+    def smoke(self) -> "OmniTraining":
+        return OmniTraining(steps=3, batch=2, warmup=1, clips=4, eval_clips=2, eval_every=3, checkpoint_every=3, workers=1)
+
+
+def _render(seeds: list[int]) -> list[Clip]:
+    return [render_clip(s) for s in seeds]
+
+
+def render_clips(seeds: list[int], workers: int) -> list[Clip]:
+    """Clips of `seeds`, in order, rendered by `workers` processes."""
+    if workers <= 1 or len(seeds) < 2 * workers:
+        return _render(seeds)
+    chunks = [seeds[i::workers] for i in range(workers)]
+    with ProcessPoolExecutor(workers) as pool:
+        parts = list(pool.map(_render, chunks))
+    out: list[Clip | None] = [None] * len(seeds)
+    for w, part in enumerate(parts):
+        out[w::workers] = part
+    return out  # type: ignore[return-value]
+
+
+def example(engine, frames: np.ndarray, audio, text: str, reply: str):
+    """The model inputs of one question with its answer as the assistant's turn, and labels on the answer only."""
+    inputs = engine.build_inputs(list(frames), audio, text, fps=FPS)
+    ids = engine.tokenizer(reply + "<|im_end|>", add_special_tokens=False, return_tensors="pt")["input_ids"].to(engine.device)
+    inputs["input_ids"] = torch.cat([inputs["input_ids"], ids], dim=1)
+    inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(ids)], dim=1)
+    labels = torch.full_like(inputs["input_ids"], -100)
+    labels[:, -ids.shape[1] :] = ids
+    return inputs, labels
+
+
+def evaluate(engine, clips: list[Clip], seed: int = 0) -> dict:
+    """Per question kind: the share of greedy answers (as the server gives them) equal to the right one."""
+    rng = np.random.default_rng([seed, 99])
+    right: dict[str, list[bool]] = {k: [] for k in (*KINDS, "turn")}
+    wrong: dict[str, list] = {k: [] for k in KINDS}
+    engine.model.eval()
+    for clip in clips:
+        sound = draw_sound(rng, clip.seconds)
+        for kind in KINDS:
+            text = question(rng, kind)
+            expected = answer(kind, clip, sound)
+            got = engine.answer(list(clip.frames), sound.audio, text, fps=FPS, max_new_tokens=48).strip()
+            right[kind].append(got == expected)
+            if kind == "motion" and clip.motion in TURNS:
+                right["turn"].append(got == expected)
+            if got != expected and len(wrong[kind]) < 3:
+                wrong[kind].append({"question": text, "expected": expected, "got": got})
+    # "turn": the motion questions about a turning camera (left, right, up, down), of which the issue asks 90 %.
+    accuracy = {k: round(float(np.mean(v)), 3) if v else None for k, v in right.items()}
+    return {"accuracy": accuracy, "clips": len(clips), "wrong_examples": wrong}
+
+
+def train_omni(work: Path, config: OmniTraining = OmniTraining(), *, seed: int = 0, init: Path | None = None,
+               log: Callable[[dict], None] = print) -> tuple[torch.nn.Module, object, dict]:
+    """Train the built-in thinker (from `init`, a checkpoint folder, or fresh); resumes from WORK/checkpoint.pt.
+    Returns the model, its processor and the last evaluation."""
+    from deployments.models.builtin_omni_model import BUILTIN_OMNI_SPEC
+    from deployments.models.tiny_vlm import build_vlm
+    from deployments.understanding.engine import UnderstandingEngine
+
+    work.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model, processor = build_vlm(BUILTIN_OMNI_SPEC, seed)
+    if init is not None:
+        from deployments.models.builtin_omni_model import load_shipped
+
+        model.load_state_dict(load_shipped(init), strict=True)
+    engine = UnderstandingEngine(model, processor, model_type="qwen2_5_omni_thinker", model_name="omni")
+
+    clips_file = work / "clips.pt"
+    if clips_file.is_file():
+        clips = torch.load(clips_file, weights_only=False)
+    else:
+        began = time.time()
+        first = seed * config.clips
+        if first + config.clips > HELD_OUT_SEED:
+            raise ValueError(f"training clips must come from seeds below {HELD_OUT_SEED}: lower --seed or --clips")
+        clips = render_clips(list(range(first, first + config.clips)), config.workers)
+        torch.save(clips, clips_file)
+        log({"stage": "render", "clips": len(clips), "seconds": round(time.time() - began, 1)})
+    held_out = render_clips(list(range(HELD_OUT_SEED, HELD_OUT_SEED + config.eval_clips)), config.workers)
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
+    start = 0
+    checkpoint = work / "checkpoint.pt"
+    if checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["step"]
+    rng = np.random.default_rng([seed, start])
+    weights = np.array(config.kind_weights) / sum(config.kind_weights)
+    report: dict = {}
+    began, running = time.time(), None
+    for step in range(start, config.steps):
+        model.train()
+        for group in optimizer.param_groups:
+            group["lr"] = warmup_cosine(step, config.steps, config.warmup, config.lr, config.min_lr)
+        total = 0.0
+        for _ in range(config.batch):
+            clip = clips[int(rng.integers(len(clips)))]
+            kind = KINDS[int(rng.choice(len(KINDS), p=weights))]
+            sound = draw_sound(rng, clip.seconds)
+            frames = as_sent(clip.frames, rng)
+            inputs, labels = example(engine, frames, sound.audio, question(rng, kind), answer(kind, clip, sound))
+            loss = model(**inputs, labels=labels).loss / config.batch
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        running = total if running is None else 0.95 * running + 0.05 * total
+        done = step + 1
+        if step % 25 == 0 or done == config.steps:
+            log({"stage": "omni", "step": step, "loss": round(total, 4), "loss_avg": round(running, 4),
+                 "lr": round(optimizer.param_groups[0]["lr"], 6), "elapsed_s": round(time.time() - began, 1)})
+        if done % config.checkpoint_every == 0 or done == config.steps:
+            tmp = checkpoint.with_suffix(".tmp")
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done, "config": asdict(config)}, tmp)
+            os.replace(tmp, checkpoint)
+        if done % config.eval_every == 0 or done == config.steps:
+            report = evaluate(engine, held_out, seed)
+            log({"stage": "omni", "step": done, "eval": report["accuracy"]})
+    if not report:
+        report = evaluate(engine, held_out, seed)
+    (work / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    return model.eval(), processor, report
