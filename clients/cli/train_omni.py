@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out", metavar="OUT", nargs="?", default=DEFAULT_OUT, help=f"folder for the trained weights (default: {DEFAULT_OUT})")
     parser.add_argument("--work", default="out/train-omni", help="folder for clips, checkpoints and train.log (default: out/train-omni)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of training (default: 0)")
-    parser.add_argument("--steps", type=int, help="optimizer steps (default: 2500)")
+    parser.add_argument("--steps", type=int, help="optimizer steps (default: 3500)")
+    parser.add_argument("--lr", type=float, help="peak learning rate (default: 0.001)")
     parser.add_argument("--clips", type=int, help="clips to render and train on (default: 1600)")
     parser.add_argument("--eval-clips", type=int, help="held-out clips each evaluation asks every question about (default: 60)")
     parser.add_argument("--init-from", metavar="DIR", help="go on from shipped weights (e.g. deployments/models/weights/omni)")
@@ -48,6 +49,11 @@ def main(args: argparse.Namespace) -> int:
                 print(f"rtv train-omni: {flag} must be at least 1, not {value}", file=sys.stderr)
                 return 2
             config = replace(config, **{name: value})
+    if args.lr is not None:
+        if not 0 < args.lr < 1:
+            print(f"rtv train-omni: --lr must be between 0 and 1, not {args.lr}", file=sys.stderr)
+            return 2
+        config = replace(config, lr=args.lr, min_lr=min(config.min_lr, args.lr / 10))
     if args.init_from is not None and not weights_available(args.init_from):
         print(f"rtv train-omni: --init-from {args.init_from} holds no shipped thinker (thinker.safetensors)", file=sys.stderr)
         return 2
