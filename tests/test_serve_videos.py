@@ -301,8 +301,11 @@ def test_bad_input_gets_400_and_unknown_ids_404_in_openais_error_shape(client, s
 
 def test_jobs_wait_for_a_slot_and_a_full_queue_answers_503(client):
     # Two slots: two jobs run, the third waits in the queue (not over_capacity), the fourth finds it full.
-    first, second = long_job(client), long_job(client)
-    assert wait_for(lambda: running(client, first.id, 0) and running(client, second.id, 0), 60)
+    # A job counts as waiting until its session has started on a replica, so each starts before the next comes.
+    first = long_job(client)
+    assert wait_for(lambda: running(client, first.id, 0), 60)
+    second = long_job(client)
+    assert wait_for(lambda: running(client, second.id, 0), 60)
     third = long_job(client, seconds="1")
     with pytest.raises(openai.InternalServerError) as full:
         long_job(client)
