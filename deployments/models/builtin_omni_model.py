@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from deployments.models.shipped import load_float, save_fp16
 from deployments.models.tiny_vlm import VLMSpec, make_tiny_vlm
 
 WEIGHTS_DIR = Path(__file__).parent / "weights" / "omni"
@@ -59,18 +60,14 @@ def weights_available(weights_dir: str | os.PathLike = WEIGHTS_DIR) -> bool:
 
 
 def load_shipped(weights_dir: str | os.PathLike = WEIGHTS_DIR) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return {k: v.float() for k, v in load_file(Path(weights_dir) / WEIGHTS_FILE).items()}
+    return load_float(Path(weights_dir) / WEIGHTS_FILE)
 
 
 def save_shipped(state: dict[str, torch.Tensor], report: dict, weights_dir: str | os.PathLike = WEIGHTS_DIR) -> Path:
     """Write the trained state dict as shipped (fp16) with its held-out evaluation."""
-    from safetensors.torch import save_file
-
     root = Path(weights_dir)
     root.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().to(torch.float16).contiguous() for k, v in state.items()}, root / WEIGHTS_FILE)
+    save_fp16(state, root / WEIGHTS_FILE)
     (root / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     return root
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from deployments.models.shipped import load_float, save_fp16
 from deployments.models.tiny_world_model import WorldModelSpec, build_world_model
 from deployments.training.world import EYE_HEIGHT
 
@@ -70,15 +71,13 @@ def weights_available(weights_dir: str | os.PathLike = WEIGHTS_DIR) -> bool:
 
 
 def load_shipped(weights_dir: str | os.PathLike = WEIGHTS_DIR) -> tuple[WorldModelSpec, dict[str, dict[str, torch.Tensor]]]:
-    from safetensors.torch import load_file
-
     root = Path(weights_dir)
     extra = json.loads((root / "spec.json").read_text())
     widths = extra.get("tiny_decoder_widths")
     spec = replace(BUILTIN_SPEC, vae_latents_mean=tuple(extra["vae_latents_mean"]), vae_latents_std=tuple(extra["vae_latents_std"]),
                    tiny_decoder_widths=None if widths is None else tuple(widths))
     names = COMPONENTS + ((TINY_DECODER,) if widths is not None else ())
-    weights = {name: {k: v.float() for k, v in load_file(root / f"{name}.safetensors").items()} for name in names}
+    weights = {name: load_float(root / f"{name}.safetensors") for name in names}
     return spec, weights
 
 
@@ -86,13 +85,11 @@ def save_shipped(weights: dict[str, dict[str, torch.Tensor]], latents_mean: list
                  weights_dir: str | os.PathLike = WEIGHTS_DIR, tiny_decoder_widths: tuple[int, ...] | None = None) -> Path:
     """Write trained state dicts as the shipped fp16 files (the VAE's too: its outputs are 8-bit frames), and
     the tiny streaming decoder's when `weights` has one (`tiny_decoder_widths` its sizes)."""
-    from safetensors.torch import save_file
-
     root = Path(weights_dir)
     root.mkdir(parents=True, exist_ok=True)
     names = COMPONENTS + ((TINY_DECODER,) if TINY_DECODER in weights else ())
     for name in names:
-        save_file({k: v.detach().to(torch.float16).contiguous() for k, v in weights[name].items()}, root / f"{name}.safetensors")
+        save_fp16(weights[name], root / f"{name}.safetensors")
     spec = {"vae_latents_mean": latents_mean, "vae_latents_std": latents_std}
     if TINY_DECODER in weights:
         spec["tiny_decoder_widths"] = list(tiny_decoder_widths)

@@ -14,7 +14,6 @@ training never drew (from `HELD_OUT_SEED` up).
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from deployments.training.files import torch_save_atomic
 from deployments.training.lr_schedule import warmup_cosine
 from deployments.training.omni_data import FPS, KINDS, TURNS, Clip, answer, as_sent, draw_sound, question, render_clip
 
@@ -51,21 +51,12 @@ class OmniTraining:
         return OmniTraining(steps=3, batch=2, warmup=1, clips=4, eval_clips=2, eval_every=3, checkpoint_every=3, workers=1)
 
 
-def _render(seeds: list[int]) -> list[Clip]:
-    return [render_clip(s) for s in seeds]
-
-
 def render_clips(seeds: list[int], workers: int) -> list[Clip]:
     """Clips of `seeds`, in order, rendered by `workers` processes."""
-    if workers <= 1 or len(seeds) < 2 * workers:
-        return _render(seeds)
-    chunks = [seeds[i::workers] for i in range(workers)]
+    if workers <= 1:
+        return [render_clip(s) for s in seeds]
     with ProcessPoolExecutor(workers) as pool:
-        parts = list(pool.map(_render, chunks))
-    out: list[Clip | None] = [None] * len(seeds)
-    for w, part in enumerate(parts):
-        out[w::workers] = part
-    return out  # type: ignore[return-value]
+        return list(pool.map(render_clip, seeds, chunksize=8))
 
 
 def example(engine, frames: np.ndarray, audio, text: str, reply: str):
@@ -127,7 +118,7 @@ def train_omni(work: Path, config: OmniTraining = OmniTraining(), *, seed: int =
         if first + config.clips > HELD_OUT_SEED:
             raise ValueError(f"training clips must come from seeds below {HELD_OUT_SEED}: lower --seed or --clips")
         clips = render_clips(list(range(first, first + config.clips)), config.workers)
-        torch.save(clips, clips_file)
+        torch_save_atomic(clips, clips_file)
         log({"stage": "render", "clips": len(clips), "seconds": round(time.time() - began, 1)})
     held_out = render_clips(list(range(HELD_OUT_SEED, HELD_OUT_SEED + config.eval_clips)), config.workers)
 
@@ -166,9 +157,7 @@ def train_omni(work: Path, config: OmniTraining = OmniTraining(), *, seed: int =
             log({"stage": "omni", "step": step, "loss": round(total, 4), "loss_avg": round(running, 4),
                  "lr": round(optimizer.param_groups[0]["lr"], 6), "elapsed_s": round(time.time() - began, 1)})
         if done % config.checkpoint_every == 0 or done == config.steps:
-            tmp = checkpoint.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done, "config": asdict(config)}, tmp)
-            os.replace(tmp, checkpoint)
+            torch_save_atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done, "config": asdict(config)}, checkpoint)
         if done % config.eval_every == 0 or done == config.steps:
             report = evaluate(engine, held_out, seed)
             log({"stage": "omni", "step": done, "eval": report["accuracy"]})

@@ -51,6 +51,7 @@ from deployments.generation.conditioning import last_frame_condition
 from deployments.generation.reprojection import reproject, reprojection_grid
 from deployments.generation.schedule import denoising_sigmas
 from deployments.generation.text import prompt_states
+from deployments.training.files import torch_save_atomic
 from deployments.training.lr_schedule import warmup_cosine
 
 
@@ -474,8 +475,7 @@ def train_transformer(
             state = {"transformer": trainer.transformer.state_dict(), "camera_adapter": trainer.camera_adapter.state_dict(),
                      "text_encoder": trainer.text_encoder.state_dict(), "optimizer": opt.state_dict(),
                      "rng": rng.bit_generator.state, "generator": generator.get_state(), "step": step + 1}
-            torch.save(state, out / "checkpoint.tmp.pt")
-            (out / "checkpoint.tmp.pt").replace(resume)
+            torch_save_atomic(state, resume)
             if probe is not None:
                 log({"stage": "transformer", "step": step + 1, "probe": probe()})
     report = {"steps": cfg.steps, "final_loss_avg": running, "config": asdict(cfg), "train_seconds": round(time.time() - started, 1)}
