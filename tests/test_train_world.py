@@ -66,6 +66,42 @@ def test_a_run_can_go_on_from_shipped_weights(smoke_run, tmp_path) -> None:
     assert any(not torch.equal(trained[k], start[k]) for k in start)
 
 
+def test_export_takes_a_kept_snapshot_by_step(smoke_run, tmp_path, capsys) -> None:
+    from safetensors.torch import load_file
+
+    work = tmp_path / "work"
+    for part in ("vae", "tiny_decoder", "transformer"):
+        shutil.copytree(smoke_run / "work" / part, work / part)
+    snapshot = torch.load(work / "transformer" / "snapshot-2.pt", weights_only=False)
+    assert snapshot["step"] == 2 and "optimizer" not in snapshot  # weights only: a snapshot is for export, not resume
+    later = torch.load(work / "transformer" / "checkpoint.pt", weights_only=False)  # as if the run had gone on
+    later["transformer"] = {k: v + 1 for k, v in later["transformer"].items()}
+    later["step"] = 3
+    torch.save(later, work / "transformer" / "checkpoint.pt")
+
+    def export(name: str, *flags: str) -> int:
+        return cli.main(["train-world", str(tmp_path / name), "--work", str(work), "--smoke", "--threads", "1", "--stages", "export", *flags])
+
+    def last_logged() -> dict:
+        return json.loads((work / "train.log").read_text().splitlines()[-1])
+
+    assert export("last") == 0  # without the flag: the last checkpoint
+    last = load_file(tmp_path / "last" / "transformer.safetensors")
+    assert all(torch.equal(last[k], later["transformer"][k].half()) for k in last)
+    assert {"stage": "export", "step": 3}.items() <= last_logged().items()
+    assert export("at-2", "--export-step", "2") == 0
+    exported = load_file(tmp_path / "at-2" / "transformer.safetensors")
+    assert set(exported) == set(snapshot["transformer"])
+    assert all(torch.equal(exported[k], snapshot["transformer"][k].half()) for k in exported)
+    assert {"stage": "export", "step": 2}.items() <= last_logged().items()
+    assert export("at-7", "--export-step", "7") == 2
+    err = capsys.readouterr().err
+    assert "no snapshot of step 7" in err and "(kept: 2)" in err, err
+    assert not (tmp_path / "at-7").exists()
+    assert cli.main(["train-world", "--export-step", "0"]) == 2
+    assert "--export-step must be at least 1" in capsys.readouterr().err
+
+
 def test_init_from_needs_shipped_weights(tmp_path, capsys) -> None:
     assert cli.main(["train-world", "--init-from", str(tmp_path)]) == 2
     assert "holds no shipped weights" in capsys.readouterr().err

@@ -13,7 +13,7 @@ stages (each skips what WORK already holds, so a stopped run resumes):
   encode  trajectories to latents                 WORK/latents.pt
   decoder the tiny streaming decoder              WORK/tiny_decoder/
   world   transformer + camera adapter + text     WORK/transformer/
-  export  fp16 weights as shipped                 OUT/
+  export  fp16 weights as shipped                 OUT/ (--export-step: a kept snapshot)
 
 The shipped weights were made by `rtv train-world` with the defaults (seed 0)
 on a 2-core CPU. --smoke runs a few steps of every stage (what CI checks).
@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transition-tail", type=int, metavar="N", help="those samples may also end up to N blocks after a transition has ended (default: 0)")
     parser.add_argument("--switch-weight", type=float, metavar="W", help="loss weight of blocks inside a prompt transition, after the motion steps (default: 0.3)")
     parser.add_argument("--decoder-steps", type=int, help="tiny streaming decoder training steps (default: 1500)")
+    parser.add_argument("--export-step", type=int, metavar="STEP", help="export the weights as they were at STEP (a kept snapshot: every 250 steps and the last) instead of the last checkpoint")
     parser.add_argument("--init-from", metavar="DIR", help="go on from shipped weights (e.g. deployments/models/weights/world): their VAE is kept, training starts from their transformer")
     parser.add_argument("--workers", type=int, help="rendering processes (default: 2)")
     parser.add_argument("--threads", type=int, help="torch threads (default: 2)")
@@ -49,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
     from clients.cli.rollout import quiet_libraries
 
     quiet_libraries()
-    from deployments.training.train_world import STAGES, WorldTraining, run
+    from deployments.training.train_world import STAGES, MissingSnapshot, WorldTraining, run
 
     config = WorldTraining()
     if args.smoke:
@@ -98,5 +99,12 @@ def main(args: argparse.Namespace) -> int:
         if unknown:
             print(f"rtv train-world: unknown stage {unknown[0]!r}; stages are {', '.join(STAGES)}", file=sys.stderr)
             return 2
-    run(Path(args.work), Path(args.out), config, seed=args.seed, stages=stages)
+    if args.export_step is not None and args.export_step < 1:
+        print(f"rtv train-world: --export-step must be at least 1, not {args.export_step}", file=sys.stderr)
+        return 2
+    try:
+        run(Path(args.work), Path(args.out), config, seed=args.seed, stages=stages, export_step=args.export_step)
+    except MissingSnapshot as exc:
+        print(f"rtv train-world: --export-step: {exc}", file=sys.stderr)
+        return 2
     return 0

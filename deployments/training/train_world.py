@@ -7,6 +7,9 @@
     world    transformer + camera adapter + text encoder  WORK/transformer/checkpoint.pt
     export   fp16 weights in the shipped layout           OUT/*.safetensors + OUT/spec.json
 
+The world stage keeps the weights of every checkpoint (WORK/transformer/snapshot-STEP.pt), so the
+export can take any of them: shipped weights are named by the run's command and a step.
+
 Each stage skips work whose output is already there, so a run that was
 stopped goes on where it was. Everything is seeded: the same seed and sizes
 give the same data and the same training run (bit for bit with the same
@@ -29,7 +32,8 @@ from deployments.training.dataset import list_trajectories, load_trajectory, ren
 from deployments.generation.tiny_decoder import TinyDecoderConfig
 from deployments.training.logs import jsonl_logger
 from deployments.training.tiny_decoder_training import DecoderTraining, train_tiny_decoder
-from deployments.training.transformer_training import Sample, TeacherForcing, TransformerTraining, sequence_blocks_for, train_transformer
+from deployments.training.transformer_training import (Sample, TeacherForcing, TransformerTraining, sequence_blocks_for, snapshot_path,
+                                                       snapshot_steps, train_transformer)
 from deployments.training.vae_training import VAETraining, encode_video, train_vae, vae_trained
 
 
@@ -61,7 +65,9 @@ class WorldTraining:
                        decoder=replace(self.decoder, steps=2, batch=2, held_out=1))
 
 
-def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining(), *, seed: int = 0, stages: tuple[str, ...] | None = None) -> dict:
+def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining(), *, seed: int = 0, stages: tuple[str, ...] | None = None,
+        export_step: int | None = None) -> dict:
+    """`export_step` exports the transformer as it was at that step of the run (a kept snapshot) instead of the last checkpoint."""
     work, out = Path(work), Path(out)
     work.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(config.threads)
@@ -126,7 +132,7 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
     if "export" in wanted:
         from diffusers import AutoencoderKLWan
 
-        state = torch.load(work / "transformer" / "checkpoint.pt", weights_only=False)
+        state = _exported_state(work / "transformer", export_step)
         vae = AutoencoderKLWan.from_pretrained(vae_dir)
         weights = {"transformer": state["transformer"], "camera_adapter": state["camera_adapter"],
                    "text_encoder": state["text_encoder"], "vae": vae.state_dict()}
@@ -138,8 +144,22 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
             weights["tiny_decoder"] = decoder.state_dict()
         save_shipped(weights, list(vae.config.latents_mean), list(vae.config.latents_std), out,
                      tiny_decoder_widths=None if decoder is None else decoder.config.widths)
-        log({"stage": "export", "out": str(out), "bytes": sum(f.stat().st_size for f in out.glob("*.safetensors"))})
+        log({"stage": "export", "out": str(out), "step": state["step"], "bytes": sum(f.stat().st_size for f in out.glob("*.safetensors"))})
     return report
+
+
+class MissingSnapshot(ValueError):
+    pass
+
+
+def _exported_state(transformer_dir: Path, step: int | None) -> dict:
+    if step is None:
+        return torch.load(transformer_dir / "checkpoint.pt", weights_only=False)
+    path = snapshot_path(transformer_dir, step)
+    if not path.is_file():
+        kept = snapshot_steps(transformer_dir)
+        raise MissingSnapshot(f"no snapshot of step {step} in {transformer_dir} (kept: {', '.join(map(str, kept)) or 'none'})")
+    return torch.load(path, weights_only=False)
 
 
 def _probe(trainer: TeacherForcing, data: dict, held: int, vae_dir: Path):

@@ -415,6 +415,17 @@ def _lr(cfg: TransformerTraining, step: int) -> float:
     return warmup_cosine(step, cfg.steps, cfg.warmup, cfg.lr, cfg.min_lr)
 
 
+SNAPSHOT_KEYS = ("transformer", "camera_adapter", "text_encoder")
+
+
+def snapshot_path(out_dir: str | Path, step: int) -> Path:
+    return Path(out_dir) / f"snapshot-{step}.pt"
+
+
+def snapshot_steps(out_dir: str | Path) -> list[int]:
+    return sorted(int(p.stem.split("-", 1)[1]) for p in Path(out_dir).glob("snapshot-*.pt") if p.stem.split("-", 1)[1].isdigit())
+
+
 def train_transformer(
     trainer: TeacherForcing,
     latents: list[torch.Tensor],
@@ -476,6 +487,9 @@ def train_transformer(
                      "text_encoder": trainer.text_encoder.state_dict(), "optimizer": opt.state_dict(),
                      "rng": rng.bit_generator.state, "generator": generator.get_state(), "step": step + 1}
             torch_save_atomic(state, resume)
+            # The weights at each checkpoint are kept by step, so a snapshot of a longer run can be exported
+            # (`export_step`) and the command that made shipped weights names the run and the step.
+            torch_save_atomic({k: state[k] for k in SNAPSHOT_KEYS + ("step",)}, snapshot_path(out, step + 1))
             if probe is not None:
                 log({"stage": "transformer", "step": step + 1, "probe": probe()})
     report = {"steps": cfg.steps, "final_loss_avg": running, "config": asdict(cfg), "train_seconds": round(time.time() - started, 1)}
