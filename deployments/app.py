@@ -118,11 +118,17 @@ def jobs_options(config: AppConfig) -> dict[str, Any]:
     return {"num_replicas": 1, "max_ongoing_requests": 1000, "ray_actor_options": {"num_cpus": 0}}
 
 
+def key_sessions_options() -> dict[str, Any]:
+    # Exactly one: it is the count every ingress replica shares (soft state, rebuilt from their renewals).
+    return {"num_replicas": 1, "max_ongoing_requests": 10000, "ray_actor_options": {"num_cpus": 0}}
+
+
 def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     import ray
 
     from deployments.ingress.app import VideoIngress
     from deployments.jobs.server import VideoJobs
+    from deployments.sessions.key_sessions_server import KeySessionsServer
     from deployments.understanding.server import UnderstandingServer
     from deployments.world_model.server import WorldModelServer
 
@@ -140,4 +146,7 @@ def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     jobs = None
     if config.jobs_db_path is not None:
         jobs = serve.deployment(VideoJobs, name="VideoJobs").options(**jobs_options(config)).bind(config, world)
-    return VideoIngress.options(**ingress_options(config)).bind(config, world, understanding, jobs)
+    key_sessions = None
+    if config.max_sessions_per_key is not None:
+        key_sessions = serve.deployment(KeySessionsServer, name="KeySessions").options(**key_sessions_options()).bind(config)
+    return VideoIngress.options(**ingress_options(config)).bind(config, world, understanding, jobs, key_sessions)

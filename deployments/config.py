@@ -96,7 +96,7 @@ class AppConfig(BaseModel):
     # Access. API keys (also from the RTV_API_KEYS environment variable, comma-separated); none: open.
     api_keys: list[str] = Field(default_factory=list)
     allowed_origins: list[str] | None = None  # browser Origins allowed to connect; None: any; same-origin always
-    max_sessions_per_key: PositiveInt | None = None  # per ingress replica
+    max_sessions_per_key: PositiveInt | None = None  # across every ingress replica (one KeySessions ledger)
     # Input limits per session (PROTOCOL.md's message sizes are fixed; these are rates).
     max_messages_per_second: PositiveFloat = 100.0  # any client message; bursts of twice that pass
     max_frames_per_second_in: PositiveFloat = 30.0  # chat video.frame messages

@@ -13,11 +13,9 @@ from PIL import Image
 
 from deployments.ingress.access import (
     ORIGIN_NOT_ALLOWED,
-    TOO_MANY_SESSIONS,
     UNAUTHORIZED,
     AccessDenied,
     AccessPolicy,
-    SessionsPerKey,
     key_fingerprint,
     keys_from,
 )
@@ -88,23 +86,6 @@ def test_origins_are_checked_only_for_browsers_and_same_origin_passes():
     # the origin is checked before the key, so a foreign page learns nothing about keys
     with pytest.raises(AccessDenied, match="Origin"):
         AccessPolicy(keys=frozenset({"k"}), allowed_origins=()).check({"origin": "https://x.test", "authorization": "Bearer k"}, {})
-
-
-# -- sessions per key ---------------------------------------------------------------------------
-def test_sessions_per_key_are_bounded_and_released():
-    limit = SessionsPerKey(2)
-    limit.acquire("a")
-    limit.acquire("a")
-    limit.acquire("b")
-    with pytest.raises(AccessDenied) as info:
-        limit.acquire("a")
-    assert info.value.code == TOO_MANY_SESSIONS
-    limit.release("a")
-    limit.acquire("a")
-    for key in ("a", "a", "b"):
-        limit.release(key)
-    assert limit.open_sessions() == 0
-    SessionsPerKey(1).acquire(None)  # open servers have no keys to count
 
 
 # -- rates ------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ def address(serve_address, world_model_dir, omni_dir):
         omni_dir,
         api_keys=[KEY],
         max_sessions_per_key=2,
+        num_ingress_replicas=2,  # the count per key is one for both (the KeySessions ledger)
         allowed_origins=["https://ok.example"],
         max_messages_per_second=20,
         max_frames_per_second_in=4,
@@ -144,6 +145,52 @@ def test_sessions_per_key_are_limited_and_freed(address):
     (message, code), after = run(go())
     assert code == 1008 and message["code"] == "too_many_sessions" and "limit is 2" in message["message"]
     assert after.done is not None
+
+
+async def ingress_keyed_sessions() -> dict[int, int]:
+    """Keyed sessions each ingress replica holds, by pid (handle calls land on either replica: ask until both answer)."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle("VideoIngress", app_name=APP)
+    seen: dict[int, int] = {}
+    for _ in range(40):
+        stats = await handle.stats.remote()
+        seen[stats["pid"]] = stats["keyed_sessions"]
+        if len(seen) == 2:
+            break
+    return seen
+
+
+def test_the_limit_per_key_holds_across_ingress_replicas(address):
+    """Two sessions of one key, one on each ingress replica, fill its limit of 2 for both replicas."""
+
+    async def go():
+        await asyncio.sleep(1.0)
+        long = {"type": "session.start", "prompt": "a long road", "seconds": "60"}
+        held = []
+        try:
+            for _ in range(8):  # the proxy sends a new socket to the less busy replica; retry until one is on each
+                ws = await connect(address, additional_headers=BEARER)
+                await ws.send(json.dumps(long))
+                assert (await receive(ws, Transcript()))["type"] == "video.start"
+                held.append(ws)
+                if len(held) == 2:
+                    spread = await ingress_keyed_sessions()
+                    if sorted(spread.values()) == [1, 1]:
+                        break
+                    await held.pop().close()
+                    await asyncio.sleep(0.5)
+            spread = await ingress_keyed_sessions()
+            refusals = [await refused(address, additional_headers=BEARER) for _ in range(4)]  # whichever replica each meets
+        finally:
+            for ws in held:
+                await ws.close()
+        return spread, refusals
+
+    spread, refusals = run(go())
+    assert sorted(spread.values()) == [1, 1], spread  # one session on each replica
+    for message, code in refusals:
+        assert code == 1008 and message["code"] == "too_many_sessions" and "limit is 2" in message["message"]
 
 
 def test_browser_origins_must_be_allowed(address):

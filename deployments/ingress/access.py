@@ -1,4 +1,4 @@
-"""Who may open a session: API keys, browser origins, and sessions per key.
+"""Who may open a session: API keys and browser origins (sessions per key: key_sessions.py).
 
 Checked at the WebSocket handshake (and on HTTP routes), before any model work.
 A key arrives in one of three places, because browsers cannot set headers on a
@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 KEYS_ENV = "RTV_API_KEYS"  # comma-separated; added to the configured keys
@@ -122,30 +122,3 @@ def _echo(offered: list[str], key_protocol: str | None) -> str | None:
     if others:
         return others[0]
     return offered[0] if offered else None
-
-
-@dataclass
-class SessionsPerKey:
-    """Open sessions per API key on this ingress replica; None as a limit means no limit."""
-
-    limit: int | None
-    _open: dict[str, int] = field(default_factory=dict)
-
-    def acquire(self, key_id: str | None) -> None:
-        if key_id is None or self.limit is None:
-            return
-        if self._open.get(key_id, 0) >= self.limit:
-            raise AccessDenied(
-                f"Too many sessions for this API key: the limit is {self.limit} at once", TOO_MANY_SESSIONS, http_status=429
-            )
-        self._open[key_id] = self._open.get(key_id, 0) + 1
-
-    def release(self, key_id: str | None) -> None:
-        if key_id is None or self.limit is None or key_id not in self._open:
-            return
-        self._open[key_id] -= 1
-        if self._open[key_id] <= 0:
-            del self._open[key_id]
-
-    def open_sessions(self) -> int:
-        return sum(self._open.values())

@@ -15,8 +15,9 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
-from deployments.ingress.access import AccessDenied, AccessPolicy, Grant, SessionsPerKey, keys_from
+from deployments.ingress.access import AccessDenied, AccessPolicy, Grant, keys_from
 from deployments.ingress.chat_session import ChatSession
+from deployments.ingress.key_sessions import SessionsPerKey
 from deployments.ingress.readiness import ModelReadiness
 from deployments.ingress.video_session import VideoSession
 from deployments.ingress.videos_api import install as install_videos_api
@@ -42,6 +43,7 @@ class VideoIngress:
         world: DeploymentHandle,
         understanding: DeploymentHandle | None = None,
         jobs: DeploymentHandle | None = None,
+        key_sessions: DeploymentHandle | None = None,
     ) -> None:
         self.config = config
         self.world = world
@@ -51,7 +53,7 @@ class VideoIngress:
         self.readiness = ModelReadiness({"WorldModel": world} | ({"Understanding": understanding} if understanding is not None else {}))
         origins = tuple(o.rstrip("/") for o in config.allowed_origins) if config.allowed_origins is not None else None
         self.access = AccessPolicy(keys_from(config.api_keys, os.environ), origins)
-        self.sessions_per_key = SessionsPerKey(config.max_sessions_per_key)
+        self.sessions_per_key = SessionsPerKey(key_sessions, config.max_sessions_per_key)  # KeySessions: one count for all replicas
         self._open_sockets = 0
 
     @app.get("/")
@@ -90,12 +92,11 @@ class VideoIngress:
         except AccessDenied as exc:
             raise ApiError(exc.http_status, exc.message, code=exc.code) from None
 
-    async def _admit(self, websocket: WebSocket, endpoint: str) -> Grant | None:
-        """Keys, origin and sessions per key, before any model work; a refusal closes with 1008."""
+    async def _admit(self, websocket: WebSocket, endpoint: str) -> tuple[Grant, str | None] | None:
+        """Keys, origin and sessions per key (the grant and its lease), before any model work; a refusal closes with 1008."""
         try:
             grant = self.access.check(websocket.headers, websocket.query_params)
-            self.sessions_per_key.acquire(grant.key_id)
-            return grant
+            return grant, await self.sessions_per_key.acquire(grant.key_id)
         except AccessDenied as exc:
             self.metrics.error(endpoint, exc.code)
             await refuse_websocket(websocket, exc)
@@ -108,15 +109,17 @@ class VideoIngress:
         return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "realtime-video"} for name in names]}
 
     async def _serve_socket(self, websocket: WebSocket, endpoint: str, make_session) -> None:
-        grant = await self._admit(websocket, endpoint)
-        if grant is None:
+        admitted = await self._admit(websocket, endpoint)
+        if admitted is None:
             return
+        grant, lease = admitted
         self._open_sockets += 1
         try:
             await (await make_session(grant)).run()
         finally:
             self._open_sockets -= 1
-            self.sessions_per_key.release(grant.key_id)
+            # Shielded: a cancelled handler still frees its count (else the renewals would, seconds later).
+            await asyncio.shield(self.sessions_per_key.release(lease))
 
     async def stats(self) -> dict:
         """For tests and operators (through a handle): what this ingress replica holds right now."""
