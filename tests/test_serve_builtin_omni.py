@@ -43,8 +43,14 @@ def pcm16(audio: np.ndarray) -> bytes:
 
 async def ask_about(url: str, frames: np.ndarray, questions: list[tuple[str, np.ndarray | None]], **config) -> list[str]:
     """One session: the frames as a camera sends them, then each question with the audio sent just before it."""
+    return (await ask_and_ack(url, frames, questions, **config))[0]
+
+
+async def ask_and_ack(url: str, frames, questions: list[tuple[str, np.ndarray | None]], evs_enabled: bool = False,
+                      **config) -> tuple[list[str], list[bool]]:
+    """`ask_about`, with whether the server kept each frame (its ack)."""
     async with ChatStreamClient(url) as client:
-        await client.configure(evs_enabled=False, **config)
+        await client.configure(evs_enabled=evs_enabled, **config)
         for i, frame in enumerate(frames):
             await client.send_frame(frame, pts_ms=int(i * 1000 / FPS))
         await client.wait_acks(0, timeout=60)
@@ -56,7 +62,8 @@ async def ask_about(url: str, frames: np.ndarray, questions: list[tuple[str, np.
             assert reply.ok, reply.failure()
             replies.append(reply.text.strip())
         await client.done(timeout=60)
-    return replies
+        acks = client.result().acks
+    return replies, [acks[f"frame-{i:06d}"].accepted for i in range(len(frames))]
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +96,22 @@ def test_a_high_and_a_low_tone_over_the_same_frames_get_their_own_answers_and_au
     replies = asyncio.run(ask_about(server, clip.frames, [("What do you hear?", low), ("What do you hear?", high), ("What do you hear?", None)]))
     # The third query gets no audio: the server cleared the high tone with the second query.
     assert replies == ["a low steady tone", "a high steady tone", NOTHING_HEARD]
+
+
+def test_the_frame_filter_decides_which_frames_the_answer_sees(server) -> None:
+    """A still camera on a city plaza that turns into a meadow: the meadow is only 0.968 unlike the plaza by
+    EVS's measure, so at the default threshold (0.95) the filter drops every meadow frame and the answer
+    names the plaza; with the filter off the model sees the meadow and names it. A threshold the change
+    clears keeps the first meadow frame (its answer on two frames is not asserted: the model reads a lone
+    meadow frame as a shore)."""
+    from deployments.generation.camera import Pose
+    from deployments.training.world import biome_weights, render
+
+    frames = [render(Pose(), biome_weights("a city plaza"))] * 4 + [render(Pose(), biome_weights("a green meadow"))] * 4
+    asked = [("Where are we?", None)]
+    unfiltered, kept_all = asyncio.run(ask_and_ack(server, frames, asked))
+    filtered, kept = asyncio.run(ask_and_ack(server, frames, asked, evs_enabled=True))
+    _, kept_change = asyncio.run(ask_and_ack(server, frames, asked, evs_enabled=True, evs_threshold=0.99))
+    assert all(kept_all) and unfiltered == ["a green meadow"]
+    assert kept == [True] + [False] * 7 and filtered == ["a city plaza"]  # repeats and the near-alike meadow dropped
+    assert kept_change == [True, False, False, False, True, False, False, False]
