@@ -59,6 +59,9 @@ def test_a_run_can_go_on_from_shipped_weights(smoke_run, tmp_path) -> None:
     vae = load_file(work / "vae" / "diffusion_pytorch_model.safetensors")
     for key, tensor in load_file(shipped / "vae.safetensors").items():
         assert torch.equal(vae[key].half(), tensor), key
+    decoder = load_file(work / "tiny_decoder" / "model.safetensors")  # and its tiny decoder, trained on that VAE's latents
+    for key, tensor in load_file(shipped / "tiny_decoder.safetensors").items():
+        assert torch.equal(decoder[key].half(), tensor), key
     start = load_file(work / "init" / "transformer" / "diffusion_pytorch_model.safetensors")
     for key, tensor in load_file(shipped / "transformer.safetensors").items():
         assert torch.equal(start[key].half(), tensor), key  # training started from the shipped transformer, not a copy init

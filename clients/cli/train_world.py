@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--switch-weight", type=float, metavar="W", help="loss weight of blocks inside a prompt transition, after the motion steps (default: 0.3)")
     parser.add_argument("--decoder-steps", type=int, help="tiny streaming decoder training steps (default: 1500)")
     parser.add_argument("--export-step", type=int, metavar="STEP", help="export the weights as they were at STEP (a kept snapshot: every 250 steps and the last) instead of the last checkpoint")
-    parser.add_argument("--init-from", metavar="DIR", help="go on from shipped weights (e.g. deployments/models/weights/world): their VAE is kept, training starts from their transformer")
+    parser.add_argument("--init-from", metavar="DIR", help="go on from shipped weights (e.g. deployments/models/weights/world): their VAE and tiny decoder are kept, training starts from their transformer")
     parser.add_argument("--workers", type=int, help="rendering processes (default: 2)")
     parser.add_argument("--threads", type=int, help="torch threads (default: 2)")
     parser.add_argument("--stages", help="comma-separated stages to run (default: all)")

@@ -53,7 +53,8 @@ class WorldTraining:
     transformer: TransformerTraining = field(default_factory=TransformerTraining)
     decoder: DecoderTraining = field(default_factory=DecoderTraining)
     # Shipped weights to go on from (`save_shipped`'s layout): their VAE is taken as it is (the
-    # transformer's latents live in its space) and the transformer, adapter and text encoder start from them.
+    # transformer's latents live in its space), and so is their tiny decoder (trained on those latents);
+    # the transformer, adapter and text encoder start from them.
     init_from: Path | None = None
 
     def smoke(self) -> "WorldTraining":
@@ -82,11 +83,15 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
     paths = list_trajectories(work / "data")[: config.trajectories]
 
     vae_dir = work / "vae"
+    decoder_dir = work / "tiny_decoder"
     if "vae" in wanted and config.init_from is not None:
         if not (vae_dir / "config.json").is_file():
-            _init_folder(work, config.init_from, seed)
-            shutil.copytree(work / "init" / "vae", vae_dir)
-            log({"stage": "vae", "from": str(config.init_from)})
+            init = _init_folder(work, config.init_from, seed)
+            shutil.copytree(init / "vae", vae_dir)
+            # The tiny decoder was trained on this VAE's latents: it goes on with it (and is exported with the rest).
+            if (init / "tiny_decoder" / "model.safetensors").is_file() and not decoder_dir.exists():
+                shutil.copytree(init / "tiny_decoder", decoder_dir)
+            log({"stage": "vae", "from": str(config.init_from), "tiny_decoder": decoder_dir.exists()})
     elif "vae" in wanted and not vae_trained(vae_dir, config.vae):
         videos = [load_trajectory(p).frames for p in paths[: config.vae_trajectories]]
         report["vae"] = train_vae(videos, vae_dir, BUILTIN_SPEC, config.vae, seed=seed, log=log)
@@ -109,7 +114,6 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
         torch.save({"latents": latents, "mixes": mixes, "poses": poses}, latents_file)
         log({"stage": "encode", "trajectories": len(paths), "seconds": round(time.time() - t, 1)})
 
-    decoder_dir = work / "tiny_decoder"
     if "decoder" in wanted and not (decoder_dir / "model.safetensors").is_file():
         data = torch.load(latents_file, weights_only=False)
         vae_config = json.loads((vae_dir / "config.json").read_text())
