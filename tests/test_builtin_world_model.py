@@ -110,9 +110,6 @@ def test_biome_prompts_give_their_own_colours(t2v) -> None:
     assert np.linalg.norm(colours["a snowy field"] - colours["a lava field"]) > 100
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14: the shipped model follows a prompt change about three blocks late (meadow to snow "
-                   "over 4 blocks: distance 103 before, still 95 at the transition's third block, 58 when it ends, 24 four blocks "
-                   "later); strict, so a model that gets it right fails here until the mark goes")
 def test_a_prompt_transition_changes_the_world_gradually_then_holds(t2v) -> None:
     report = behaviour.transition_report(t2v, "a green meadow", "a snowy field", transition=4)
     d = report["distance_to_target"]
