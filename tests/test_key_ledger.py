@@ -110,6 +110,8 @@ def test_an_ingress_replica_takes_a_lease_per_keyed_session_renews_them_and_refu
         await other.release(again)  # a release that cannot be delivered does not raise
         assert other.open_sessions() == 0
         assert SessionsPerKey(None, None).ledger is None and await SessionsPerKey(None, None).acquire("a") is None
+        with pytest.raises(ValueError, match="KeySessions"):
+            SessionsPerKey(None, 2)  # a limit with nothing to count it would be no limit at all
         for r in (replica, other):
             r._renewing.cancel()
 

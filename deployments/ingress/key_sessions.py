@@ -26,6 +26,8 @@ class SessionsPerKey:
     """`ledger`: a handle to the KeySessions deployment (None: no limit)."""
 
     def __init__(self, ledger, limit: int | None, renew_s: float = RENEW_S, timeout_s: float = LEDGER_TIMEOUT_S) -> None:
+        if limit is not None and ledger is None:
+            raise ValueError("max_sessions_per_key needs the KeySessions deployment (build_app binds it)")
         self.ledger = ledger if limit is not None else None
         self.limit = limit
         self.holder = uuid.uuid4().hex  # this replica, as the ledger knows it
