@@ -1,14 +1,8 @@
 """Flow control's rule (world_model/flow.py) on a hand-driven clock."""
 
+from handclock import Clock
+
 from deployments.world_model.flow import ClientWindow, FlowSettings
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def window(ahead=2.0, stalled=5.0, grace=1.0):

@@ -7,6 +7,7 @@ import io
 import av
 import numpy as np
 import pytest
+from handclock import Clock
 
 from deployments.jobs.content import SPRITESHEET, START_IMAGE, THUMBNAIL, VIDEO, ContentStore
 from deployments.jobs.manager import JobManager, JobSettings
@@ -29,14 +30,6 @@ from deployments.contract.session_spec import SessionSpec
 pytestmark = pytest.mark.timeout(60)
 
 
-class Clock:
-    def __init__(self, t: float = 1_700_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def record(job_id: str, owner: str = "a", status: str = QUEUED, created_at: float = 1.0) -> JobRecord:
     return JobRecord(id=job_id, status=status, created_at=created_at, model="m", prompt="p", seconds="1", size="64x64",
                      fps=8, num_frames=9, owner=owner)
@@ -44,7 +37,7 @@ def record(job_id: str, owner: str = "a", status: str = QUEUED, created_at: floa
 
 @pytest.fixture
 def clock():
-    return Clock()
+    return Clock(1_700_000_000.0)
 
 
 @pytest.fixture

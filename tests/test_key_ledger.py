@@ -5,18 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from handclock import Clock
 
-from deployments.ingress.access import TOO_MANY_SESSIONS, AccessDenied
-from deployments.ingress.key_sessions import SESSION_LIMIT_UNAVAILABLE, SessionsPerKey
+from deployments.ingress.access import SESSION_LIMIT_UNAVAILABLE, TOO_MANY_SESSIONS, AccessDenied
+from deployments.ingress.key_sessions import SessionsPerKey
 from deployments.sessions.key_ledger import KeyLedger
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_the_limit_counts_every_holder_and_a_release_frees_a_place():
@@ -38,7 +31,7 @@ def test_a_holder_that_stops_renewing_loses_its_leases_and_one_that_renews_keeps
     lost = ledger.acquire("dead", "a")
     kept = ledger.acquire("alive", "b")
     for _ in range(5):
-        clock.now += 4.0
+        clock.t += 4.0
         ledger.renew("alive", {kept: "b"})
     assert ledger.open_sessions("a") == 0  # "dead" stopped renewing 20 s ago: its key may open again
     assert ledger.acquire("other", "a") is not None

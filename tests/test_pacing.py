@@ -1,15 +1,8 @@
 import pytest
+from handclock import Clock
 
 from deployments.contract.session_spec import PacingSettings
 from deployments.world_model.pacing import MediaClock
-
-
-class Clock:
-    def __init__(self):
-        self.t = 100.0
-
-    def __call__(self):
-        return self.t
 
 
 def test_chunks_wait_for_their_media_time_minus_the_lead():

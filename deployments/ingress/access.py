@@ -21,6 +21,7 @@ KEY_PROTOCOL_PREFIXES = ("openai-insecure-api-key.", "rtv-api-key.")
 UNAUTHORIZED = "unauthorized"
 ORIGIN_NOT_ALLOWED = "origin_not_allowed"
 TOO_MANY_SESSIONS = "too_many_sessions"
+SESSION_LIMIT_UNAVAILABLE = "session_limit_unavailable"  # the sessions-per-key count could not be read
 
 
 class AccessDenied(Exception):

@@ -13,13 +13,12 @@ import asyncio
 import logging
 import uuid
 
-from deployments.ingress.access import TOO_MANY_SESSIONS, AccessDenied
+from deployments.ingress.access import SESSION_LIMIT_UNAVAILABLE, TOO_MANY_SESSIONS, AccessDenied
 from deployments.sessions.key_ledger import RENEW_S
 
 log = logging.getLogger(__name__)
 
 LEDGER_TIMEOUT_S = 5.0
-SESSION_LIMIT_UNAVAILABLE = "session_limit_unavailable"
 
 
 class SessionsPerKey:
