@@ -71,6 +71,7 @@ def run(args) -> dict:
     script = behaviour.held(("w",), 2) + behaviour.held(("l",), 2, first=2)
     fidelity = behaviour.fidelity_report(i2v, "a city plaza", script)
     fidelity_random = behaviour.fidelity_report(random_i2v, "a city plaza", script)
+    text_fidelity = {p: behaviour.fidelity_report(t2v, p, script, from_image=False) for p in ("a city plaza", "a snowy field", "a green meadow")}
     prompts = ["a snowy field", "a lava field", "a green meadow", "a sandy desert", "a dense forest", "a city plaza", "an ocean shore"]
     colours = behaviour.colour_report(t2v, prompts)
     transition = behaviour.transition_report(t2v, "a green meadow", "a snowy field", transition=4)
@@ -86,6 +87,8 @@ def run(args) -> dict:
         "targets": [
             *[common.target(f"key {k}: blocks moving the right way", v, 0.8, at_most=False) for k, v in agreement.items()],
             common.target("image-to-video PSNR vs renderer, first 2 blocks (dB)", min(fidelity["psnr_db"][:2]), 18.0, at_most=False, unit="dB"),
+            common.target("text-to-video first block: sharpness as a share of the renderer's",
+                          min(f["sharpness"][0] for f in text_fidelity.values()), 0.5, at_most=False),
             common.target("long rollout: lowest neighbour correlation", min(long["neighbour_correlation"]), 0.8, at_most=False),
             common.target("block time at 64x64, trained model (s)", trained_block, REALTIME_BLOCK_S, unit="s", note="real time at 16 fps"),
         ],
@@ -93,6 +96,7 @@ def run(args) -> dict:
         "pans": pans,
         "fidelity": fidelity,
         "fidelity_random_weights": fidelity_random,
+        "text_to_video_fidelity": text_fidelity,
         "colours": colours,
         "renderer_colours": {p: behaviour.renderer_colour(p).tolist() for p in prompts},
         "transition": transition,

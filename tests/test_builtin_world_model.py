@@ -113,7 +113,8 @@ def test_biome_prompts_give_their_own_colours(t2v) -> None:
 def test_a_prompt_transition_changes_the_world_gradually_then_holds(t2v) -> None:
     report = behaviour.transition_report(t2v, "a green meadow", "a snowy field", transition=4)
     d = report["distance_to_target"]
-    start, switch, n = d[0], report["switch_block"], report["transition"]
+    switch, n = report["switch_block"], report["transition"]
+    start = d[switch - 1]  # where the world was when the prompt changed
     during = d[switch : switch + n]
     settled = d[switch + n :]
     assert during[0] < start and during[-1] < during[0]  # moving towards snow...
@@ -134,6 +135,31 @@ def test_image_to_video_tracks_the_renderer_and_random_weights_do_not(i2v, rando
     assert min(trained["ssim"][:2]) >= floor_ssim, trained
     assert max(untrained["psnr_db"]) < floor_db - 4, untrained  # random weights: about 12-13 dB of grey noise
     assert max(untrained["ssim"]) < floor_ssim / 2, untrained
+
+
+@pytest.fixture(scope="module")
+def openings(t2v, i2v, script):
+    """Text-to-video and image-to-video (from the renderer's start frame) sessions of two biomes, against the renderer."""
+    return {p: (behaviour.fidelity_report(t2v, p, script, from_image=False), behaviour.fidelity_report(i2v, p, script))
+            for p in ("a city plaza", "a snowy field")}
+
+
+@pytest.mark.parametrize("prompt", ["a city plaza", "a snowy field"])
+def test_text_to_video_opens_on_the_renderers_view(openings, prompt: str) -> None:
+    """From the prompt alone a session starts where the renderer's does, and its first blocks track it."""
+    text, _ = openings[prompt]
+    assert min(text["psnr_db"][:2]) >= 18.0, text  # random weights: about 12-13 dB (the image-to-video test)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 14: text-to-video first blocks are still softer than image-to-video from a rendered frame "
+                                       "(twelfth session: plaza 22.3 against 24.5 dB, sharpness 0.26 against 0.41; snow 25.0 against 27.0 dB, "
+                                       "0.31 against 0.36; README, 'The built-in world model')")
+def test_text_to_video_opens_as_sharp_as_from_a_rendered_frame(openings) -> None:
+    """The first block made from the prompt alone has the landmarks and texture the same model keeps when
+    it is given the renderer's frame: not a soft colour field."""
+    for prompt, (text, image) in openings.items():
+        assert text["psnr_db"][0] >= image["psnr_db"][0] - 2.0, (prompt, text, image)
+        assert text["sharpness"][0] >= 0.8 * image["sharpness"][0], (prompt, text, image)
 
 
 def test_a_long_walk_stays_a_picture(t2v) -> None:

@@ -69,6 +69,33 @@ def test_a_run_can_go_on_from_shipped_weights(smoke_run, tmp_path) -> None:
     assert any(not torch.equal(trained[k], start[k]) for k in start)
 
 
+def test_weights_without_a_position_code_grow_one_from_a_zero_start(smoke_run, tmp_path) -> None:
+    """--camera-position-bands on weights trained before the adapter had a position code: training starts
+    from their exact function (the new projection at zero), and the export says how many bands it has."""
+    from safetensors.torch import load_file, save_file
+
+    from deployments.models.builtin_world_model import load_shipped
+
+    old = shutil.copytree(smoke_run / "weights", tmp_path / "old")
+    adapter = {k: v for k, v in load_file(old / "camera_adapter.safetensors").items() if not k.startswith("proj_position.")}
+    save_file(adapter, old / "camera_adapter.safetensors")
+    spec = json.loads((old / "spec.json").read_text())
+    spec.pop("camera_position_bands")
+    (old / "spec.json").write_text(json.dumps(spec))
+    assert load_shipped(old)[0].camera_position_bands == 0  # such weights still install as they were trained
+
+    work = tmp_path / "work"
+    shutil.copytree(smoke_run / "work" / "data", work / "data")
+    assert cli.main(["train-world", str(tmp_path / "grown"), "--work", str(work), "--smoke", "--threads", "1",
+                     "--init-from", str(old), "--camera-position-bands", "2", "--stages", "vae,encode,world,export"]) == 0
+    start = load_file(work / "init" / "camera_adapter" / "diffusion_pytorch_model.safetensors")
+    assert start["proj_position.weight"].shape[1] == 12 and not start["proj_position.weight"].any()
+    for key, tensor in adapter.items():
+        assert torch.equal(start[key].half(), tensor), key
+    spec, weights = load_shipped(tmp_path / "grown")
+    assert spec.camera_position_bands == 2 and weights["camera_adapter"]["proj_position.weight"].any()
+
+
 def test_export_takes_a_kept_snapshot_by_step(smoke_run, tmp_path, capsys) -> None:
     from safetensors.torch import load_file
 
@@ -148,6 +175,8 @@ def test_bad_arguments_are_one_line_errors(capsys) -> None:
     assert "--transitions must be between 0 and 1" in capsys.readouterr().err
     assert cli.main(["train-world", "--first-block-weight", "0"]) == 2
     assert "--first-block-weight must be above 0" in capsys.readouterr().err
+    assert cli.main(["train-world", "--camera-position-bands", "-1"]) == 2
+    assert "--camera-position-bands must be 0 or more, not -1" in capsys.readouterr().err
 
 
 def test_anchor_target_is_each_chunks_last_frame_pooled_and_folded() -> None:
@@ -199,12 +228,12 @@ def test_the_context_probe_tells_a_model_that_reads_its_context_from_one_that_do
     assert blind["motion_sign_agreement"] < 1.0
 
 
-@pytest.mark.parametrize("reprojection,switch", [(None, None), (1.0, None), (1.0, 0), (None, 2)])
-def test_teacher_forcing_predicts_what_the_engine_predicts(tmp_path, reprojection, switch) -> None:
+@pytest.mark.parametrize("reprojection,switch,bands", [(None, None, 0), (1.0, None, 0), (1.0, 0, 0), (None, 2, 0), (1.0, None, 2)])
+def test_teacher_forcing_predicts_what_the_engine_predicts(tmp_path, reprojection, switch, bands) -> None:
     """A block's velocity under teacher forcing equals the engine's first denoising step of that block,
     given the same earlier block, noise, prompt and camera: the model is trained on what it is served
-    (with the last frame reprojected to the turning camera's poses too, and with the prompt switched
-    before the block, at once or over `switch` blocks)."""
+    (with the last frame reprojected to the turning camera's poses too, with the prompt switched
+    before the block, at once or over `switch` blocks, and with the camera adapter's position code)."""
     from deployments.contract.events import Interaction
     from deployments.contract.session_spec import SessionSpec
     from deployments.generation.checkpoint import load_world_model
@@ -213,8 +242,15 @@ def test_teacher_forcing_predicts_what_the_engine_predicts(tmp_path, reprojectio
     from deployments.models.tiny_world_model import WorldModelSpec, make_world_model
     from deployments.training.transformer_training import Sample, TeacherForcing, TransformerTraining
 
-    spec = WorldModelSpec(last_frame_condition=True, last_frame_reprojection=reprojection)
+    spec = WorldModelSpec(last_frame_condition=True, last_frame_reprojection=reprojection, camera_position_bands=bands)
     path = make_world_model(tmp_path / "last-frame", spec)
+    if bands:  # as training leaves it: the position code in use
+        from deployments.generation.camera_adapter import CameraAdapter
+
+        adapter = CameraAdapter.from_pretrained(path / "camera_adapter")
+        with torch.no_grad():
+            adapter.proj_position.weight.normal_(std=0.5)
+        adapter.save_pretrained(path / "camera_adapter")
     engine = WorldModelEngine.from_pretrained(path)
     session = engine.open_session(SessionSpec(prompt="a sandy desert", height=64, width=64, seed=3))
     first = engine.generate_block(session)
@@ -481,3 +517,26 @@ def test_transition_samples_end_inside_a_prompt_transition() -> None:
     assert all(s.switching[-1] for s in drawn)  # each sample's last block is a transition block
     assert {int(s.latents[0, 0, 0, 0]) for s in drawn if not s.image} == {0}  # text-to-video only from the listed trajectories
     assert {int(s.latents[0, 0, 0, 0]) for s in drawn if s.image} == {0, 2}
+
+
+def test_lone_first_blocks_open_text_to_video_sessions_half_on_named_prompts() -> None:
+    """`first_blocks`: one-block samples, each a text-to-video session's first block from the listed
+    trajectories, every other one from a session that opens on a prompt the README names."""
+    from deployments.generation.camera import Pose
+    from deployments.training.trajectories import DEMO_PROMPTS
+    from deployments.training.transformer_training import draw_first_blocks
+
+    fpb, blocks = 3, 4
+    latents = [torch.full((2, fpb * blocks, 4, 4), float(i)) + torch.arange(fpb * blocks).view(1, -1, 1, 1) / 100 for i in range(6)]
+    opening = [(("lava everywhere", 1.0),), ((DEMO_PROMPTS[1], 1.0),), (("lava and snow", 1.0),), ((DEMO_PROMPTS[0], 1.0),),
+               ((DEMO_PROMPTS[2], 1.0),), ((DEMO_PROMPTS[3], 0.5), ("lava everywhere", 0.5))]
+    mixes = [[first] + [(("a lava field", 1.0),)] * (blocks - 1) for first in opening]
+    poses = [[(Pose(),) * fpb] * blocks] * 6
+    drawn = draw_first_blocks(np.random.default_rng(0), 40, fpb, latents, mixes, poses, text_to_video=[0, 1, 2, 3])
+    assert len(drawn) == 40 and not any(s.image for s in drawn)
+    assert all(s.indices == (0,) and s.latents.shape[1] == fpb for s in drawn)
+    torch.testing.assert_close(drawn[0].latents[0, :, 0, 0] % 1, torch.tensor([0.0, 0.01, 0.02]))  # the session's first frames
+    sources = [int(s.latents[0, 0, 0, 0]) for s in drawn]
+    assert set(sources) <= {0, 1, 2, 3}  # listed trajectories only (4 opens on a named prompt but is not listed)
+    assert set(sources[::2]) == {1, 3}  # every other one opens on a named prompt
+    assert set(sources[1::2]) == {0, 1, 2, 3}

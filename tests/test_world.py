@@ -117,6 +117,38 @@ def test_a_rest_relative_camera_adapter_sees_only_the_motion() -> None:
     torch.testing.assert_close(relative(turned), raw((turned - rest) * 5.0))
 
 
+def test_the_position_code_tells_tokens_at_rest_apart_and_starts_as_no_change() -> None:
+    """At rest a rest-relative adapter gives every token the same vector (Wan's RoPE is relative, so a
+    text-to-video first block could not place anything); the position code gives each its own, starts
+    at zero so weights trained without it load unchanged, and names a ray, not a pixel index."""
+    import torch
+
+    from deployments.generation.camera import plucker_rays
+    from deployments.generation.camera_adapter import CameraAdapter
+    from deployments.models.tiny_world_model import load_adapter_weights
+
+    torch.manual_seed(0)
+    plain = CameraAdapter(inner_dim=8, spatial_factor=4, patch_size=(1, 2, 2), rest_relative=True, gain=5.0)
+    coded = CameraAdapter(inner_dim=8, spatial_factor=4, patch_size=(1, 2, 2), rest_relative=True, gain=5.0, position_bands=3)
+    load_adapter_weights(coded, plain.state_dict())
+    rest = torch.from_numpy(plucker_rays([Pose()] * 3, 64, 64))[None]
+    tokens = plain(rest)
+    assert torch.allclose(tokens, tokens[..., :1, :1].expand_as(tokens))  # all alike
+    torch.testing.assert_close(coded(rest), tokens)  # the zero start changes nothing
+
+    with torch.no_grad():
+        coded.proj_position.weight.normal_()
+    placed = coded(rest)[0, :, 0].flatten(1).T  # (tokens, dim)
+    assert torch.cdist(placed, placed).add(torch.eye(len(placed)) * 1e3).min() > 1e-3  # every token its own
+    # The same ray at twice the size gets the same code: the centre of a 4x4 latent block is a pixel corner shared by both grids.
+    small = coded._position_code(16, 16, rest)[0, :, 0]
+    large = coded._position_code(32, 32, rest)[0, :, 0]
+    torch.testing.assert_close(small[:, 7:9, 7:9].mean((1, 2)), large[:, 14:18, 14:18].mean((1, 2)), atol=0.05, rtol=0)
+
+    with pytest.raises(ValueError, match="unexpected"):
+        load_adapter_weights(plain, coded.state_dict())
+
+
 @pytest.mark.parametrize("softness", [1, 2, 4])
 def test_block_motion_reads_a_sub_pixel_pan_of_a_soft_picture(softness: int) -> None:
     """A pan of 0.75 px a frame (a held turn) reads near its whole length, however soft the picture:

@@ -31,12 +31,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context-blur", type=float, metavar="FRACTION", help="share of samples whose context is blurred, targets kept sharp (default: 0.5)")
     parser.add_argument("--own-context", type=float, metavar="FRACTION", help="share of samples whose context is the model's own one-step guess of each block, targets kept true (default: 0)")
     parser.add_argument("--first-block-weight", type=float, metavar="W", help="loss weight of a text-to-video sample's first block (default: 1)")
+    parser.add_argument("--first-blocks", type=int, metavar="N", help="lone text-to-video first blocks added to every step, half on the prompts the README names (default: 0)")
     parser.add_argument("--transitions", type=float, metavar="FRACTION", help="share of samples drawn to end inside a prompt transition (default: 0, as they come)")
     parser.add_argument("--transition-tail", type=int, metavar="N", help="those samples may also end up to N blocks after a transition has ended (default: 0)")
     parser.add_argument("--switch-weight", type=float, metavar="W", help="loss weight of blocks inside a prompt transition, after the motion steps (default: 0.3)")
     parser.add_argument("--decoder-steps", type=int, help="tiny streaming decoder training steps (default: 1500)")
     parser.add_argument("--export-step", type=int, metavar="STEP", help="export the weights as they were at STEP (a kept snapshot: every 250 steps and the last) instead of the last checkpoint")
     parser.add_argument("--init-from", metavar="DIR", help="go on from shipped weights (e.g. deployments/models/weights/world): their VAE and tiny decoder are kept, training starts from their transformer")
+    parser.add_argument("--camera-position-bands", type=int, metavar="N",
+                        help="Fourier bands of the camera adapter's absolute position code (default: the start weights' own, 4 from scratch; "
+                             "weights without one grow it from a zero start)")
     parser.add_argument("--workers", type=int, help="rendering processes (default: 2)")
     parser.add_argument("--threads", type=int, help="torch threads (default: 2)")
     parser.add_argument("--stages", help="comma-separated stages to run (default: all)")
@@ -68,6 +72,11 @@ def main(args: argparse.Namespace) -> int:
             print(f"rtv train-world: --init-from {args.init_from} holds no shipped weights (transformer, vae, text_encoder, camera_adapter .safetensors and spec.json)", file=sys.stderr)
             return 2
         config = replace(config, init_from=Path(args.init_from))
+    if args.camera_position_bands is not None:
+        if args.camera_position_bands < 0:
+            print(f"rtv train-world: --camera-position-bands must be 0 or more, not {args.camera_position_bands}", file=sys.stderr)
+            return 2
+        config = replace(config, camera_position_bands=args.camera_position_bands)
     if args.decoder_steps is not None:
         if args.decoder_steps < 1:
             print("rtv train-world: --decoder-steps must be at least 1", file=sys.stderr)
@@ -83,12 +92,15 @@ def main(args: argparse.Namespace) -> int:
     if args.transition_tail is not None and args.transition_tail < 0:
         print(f"rtv train-world: --transition-tail must be 0 or more, not {args.transition_tail}", file=sys.stderr)
         return 2
+    if args.first_blocks is not None and args.first_blocks < 0:
+        print(f"rtv train-world: --first-blocks must be 0 or more, not {args.first_blocks}", file=sys.stderr)
+        return 2
     if args.first_block_weight is not None and not args.first_block_weight > 0:
         print(f"rtv train-world: --first-block-weight must be above 0, not {args.first_block_weight}", file=sys.stderr)
         return 2
     recipe = (("steps", args.steps), ("motion_steps", args.motion_steps), ("context_blur_fraction", args.context_blur),
               ("own_context_fraction", args.own_context), ("switch_weight", args.switch_weight),
-              ("first_block_weight", args.first_block_weight), ("transition_fraction", args.transitions), ("transition_tail", args.transition_tail))
+              ("first_block_weight", args.first_block_weight), ("first_blocks", args.first_blocks), ("transition_fraction", args.transitions), ("transition_tail", args.transition_tail))
     for name, value in recipe:
         if value is not None:
             config = replace(config, transformer=replace(config.transformer, **{name: value}))

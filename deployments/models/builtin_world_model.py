@@ -53,6 +53,7 @@ BUILTIN_SPEC = WorldModelSpec(
     text_max_length=96,
     camera_rest_relative=True,
     camera_gain=5.0,
+    camera_position_bands=4,  # weights that predate the code say so in their spec.json (load_shipped)
 )
 
 README = """# Built-in world model (trained)
@@ -75,16 +76,19 @@ def load_shipped(weights_dir: str | os.PathLike = WEIGHTS_DIR) -> tuple[WorldMod
     extra = json.loads((root / "spec.json").read_text())
     widths = extra.get("tiny_decoder_widths")
     spec = replace(BUILTIN_SPEC, vae_latents_mean=tuple(extra["vae_latents_mean"]), vae_latents_std=tuple(extra["vae_latents_std"]),
-                   tiny_decoder_widths=None if widths is None else tuple(widths))
+                   tiny_decoder_widths=None if widths is None else tuple(widths),
+                   camera_position_bands=extra.get("camera_position_bands", 0))
     names = COMPONENTS + ((TINY_DECODER,) if widths is not None else ())
     weights = {name: load_float(root / f"{name}.safetensors") for name in names}
     return spec, weights
 
 
 def save_shipped(weights: dict[str, dict[str, torch.Tensor]], latents_mean: list[float], latents_std: list[float],
-                 weights_dir: str | os.PathLike = WEIGHTS_DIR, tiny_decoder_widths: tuple[int, ...] | None = None) -> Path:
+                 weights_dir: str | os.PathLike = WEIGHTS_DIR, tiny_decoder_widths: tuple[int, ...] | None = None,
+                 camera_position_bands: int = 0) -> Path:
     """Write trained state dicts as the shipped fp16 files (the VAE's too: its outputs are 8-bit frames), and
-    the tiny streaming decoder's when `weights` has one (`tiny_decoder_widths` its sizes)."""
+    the tiny streaming decoder's when `weights` has one (`tiny_decoder_widths` its sizes); spec.json holds
+    what the state dicts alone do not say."""
     root = Path(weights_dir)
     root.mkdir(parents=True, exist_ok=True)
     names = COMPONENTS + ((TINY_DECODER,) if TINY_DECODER in weights else ())
@@ -93,6 +97,8 @@ def save_shipped(weights: dict[str, dict[str, torch.Tensor]], latents_mean: list
     spec = {"vae_latents_mean": latents_mean, "vae_latents_std": latents_std}
     if TINY_DECODER in weights:
         spec["tiny_decoder_widths"] = list(tiny_decoder_widths)
+    if camera_position_bands:
+        spec["camera_position_bands"] = camera_position_bands
     (root / "spec.json").write_text(json.dumps(spec, indent=2) + "\n")
     return root
 

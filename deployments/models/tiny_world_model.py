@@ -68,6 +68,7 @@ class WorldModelSpec:
     text_max_length: int = 512  # the tokenizer's model_max_length: text states per prompt
     camera_rest_relative: bool = False  # the adapter sees motion relative to a camera at rest (see CameraAdapter)
     camera_gain: float = 1.0
+    camera_position_bands: int = 0  # the adapter's absolute position code (see CameraAdapter); 0: none
     # Channel widths of the tiny streaming decoder written beside the VAE (tiny_decoder/, random weights
     # unless trained ones are given); None: none. The published taew2_1's are (256, 128, 64, 64).
     tiny_decoder_widths: tuple[int, int, int, int] | None = (16, 16, 8, 8)
@@ -222,9 +223,10 @@ def build_world_model(
                 spatial_factor=vae.config.scale_factor_spatial,
                 patch_size=tuple(spec.patch_size),
                 **({"rest_relative": True, "gain": spec.camera_gain} if spec.camera_rest_relative else {}),
+                **({"position_bands": spec.camera_position_bands} if spec.camera_position_bands else {}),
             )
         if "camera_adapter" in trained:
-            adapter.load_state_dict(trained["camera_adapter"], strict=True)
+            load_adapter_weights(adapter, trained["camera_adapter"])
         counts["camera_adapter"] = _parameters(adapter)
         _cast(adapter, dtype)
         adapter.save_pretrained(out / "camera_adapter", safe_serialization=True)
@@ -237,6 +239,15 @@ def build_world_model(
         decoder.to(dtype).save_pretrained(out / "tiny_decoder")
     (out / "README.md").write_text(readme)
     return counts
+
+
+def load_adapter_weights(adapter, state: dict[str, torch.Tensor]) -> None:
+    """Load a camera adapter's weights; weights trained before its position code leave that projection at
+    its zero start (the function they were trained as), anything else missing or extra is refused."""
+    missing, unexpected = adapter.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("proj_position.")]
+    if missing or unexpected:
+        raise ValueError(f"camera adapter weights do not fit the spec: missing {missing}, unexpected {unexpected}")
 
 
 def _parameters(module: torch.nn.Module) -> int:

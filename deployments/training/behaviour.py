@@ -80,15 +80,18 @@ def transition_report(engine, start: str, target: str, *, transition: int, befor
     }
 
 
-def fidelity_report(i2v_engine, prompt: str, per_block: list[list[Interaction]], *, seed: int = 0) -> dict:
-    """Image-to-video from the renderer's own start frame, against the renderer along the same key script."""
+def fidelity_report(engine, prompt: str, per_block: list[list[Interaction]], *, seed: int = 0, from_image: bool = True) -> dict:
+    """A session against the renderer along the same key script, block by block: image-to-video from the
+    renderer's own start frame, or (`from_image=False`) text-to-video, which opens at the renderer's start
+    pose. `sharpness` is the blocks' edges and texture as a share of the renderer's (1: as sharp)."""
     truth = render_session(prompt, per_block)
-    generated = rollout(i2v_engine, prompt, per_block, seed=seed, image=truth.frames[0])
-    psnrs, ssims = [], []
+    generated = rollout(engine, prompt, per_block, seed=seed, image=truth.frames[0] if from_image else None)
+    psnrs, ssims, sharp = [], [], []
     for made, real in zip(generated, split_blocks(truth.frames, len(per_block))):
         psnrs.append(float(np.mean([measures.psnr(g, t) for g, t in zip(made, real)])))
         ssims.append(float(np.mean([measures.ssim(g, t) for g, t in zip(made, real)])))
-    return {"psnr_db": psnrs, "ssim": ssims}
+        sharp.append(float(np.mean([measures.sharpness(g) for g in made]) / max(np.mean([measures.sharpness(t) for t in real]), 1e-9)))
+    return {"psnr_db": psnrs, "ssim": ssims, "sharpness": sharp}
 
 
 def coherence_report(engine, *, blocks: int = 200, every: int = 10, seed: int = 0, prompt: str = "a green meadow") -> dict:

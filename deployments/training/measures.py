@@ -127,6 +127,13 @@ def contrast(frame: np.ndarray) -> float:
     return float(gray(frame).std())
 
 
+def sharpness(frame: np.ndarray) -> float:
+    """Mean absolute Laplacian of luma: the edges and texture in a frame (a blur of the same picture scores less)."""
+    g = gray(frame)
+    lap = 4 * g[1:-1, 1:-1] - g[:-2, 1:-1] - g[2:, 1:-1] - g[1:-1, :-2] - g[1:-1, 2:]
+    return float(np.abs(lap).mean())
+
+
 def colour_histogram(frames: np.ndarray, bins: int = 8) -> np.ndarray:
     """Joint RGB histogram (bins^3), normalized to sum 1."""
     q = (frames.reshape(-1, 3).astype(np.int64) * bins) // 256

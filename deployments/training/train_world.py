@@ -56,6 +56,9 @@ class WorldTraining:
     # transformer's latents live in its space), and so is their tiny decoder (trained on those latents);
     # the transformer, adapter and text encoder start from them.
     init_from: Path | None = None
+    # The camera adapter's absolute position code (CameraAdapter.position_bands); None: the start
+    # weights' own (BUILTIN_SPEC's from scratch). Weights without one grow it from a zero start.
+    camera_position_bands: int | None = None
 
     def smoke(self) -> "WorldTraining":
         """A few steps of everything: what CI runs."""
@@ -86,7 +89,7 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
     decoder_dir = work / "tiny_decoder"
     if "vae" in wanted and config.init_from is not None:
         if not (vae_dir / "config.json").is_file():
-            init = _init_folder(work, config.init_from, seed)
+            init = _init_folder(work, config, seed)
             shutil.copytree(init / "vae", vae_dir)
             # The tiny decoder was trained on this VAE's latents: it goes on with it (and is exported with the rest).
             if (init / "tiny_decoder" / "model.safetensors").is_file() and not decoder_dir.exists():
@@ -146,8 +149,10 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
 
             decoder = TinyVideoDecoder.from_pretrained(decoder_dir)
             weights["tiny_decoder"] = decoder.state_dict()
+        position = state["camera_adapter"].get("proj_position.weight")  # (hidden, 6 * bands, 1, p, p)
         save_shipped(weights, list(vae.config.latents_mean), list(vae.config.latents_std), out,
-                     tiny_decoder_widths=None if decoder is None else decoder.config.widths)
+                     tiny_decoder_widths=None if decoder is None else decoder.config.widths,
+                     camera_position_bands=0 if position is None else position.shape[1] // 6)
         log({"stage": "export", "out": str(out), "step": state["step"], "bytes": sum(f.stat().st_size for f in out.glob("*.safetensors"))})
     return report
 
@@ -181,19 +186,18 @@ def _probe(trainer: TeacherForcing, data: dict, held: int, vae_dir: Path):
     return lambda: context_probe(trainer, samples, mean, std)
 
 
-def _init_folder(work: Path, init_from: Path | None, seed: int) -> Path:
+def _init_folder(work: Path, config: WorldTraining, seed: int) -> Path:
     """The checkpoint training starts from: random weights by the same builder (and seed) as the
-    random-weight checkpoints, or the shipped weights in `init_from`."""
+    random-weight checkpoints, or the shipped weights in `config.init_from`."""
     from deployments.models.builtin_world_model import load_shipped
     from deployments.models.tiny_world_model import build_world_model
 
     init = work / "init"
     if not (init / "transformer" / "config.json").is_file():
-        if init_from is None:
-            build_world_model(init, BUILTIN_SPEC, seed=seed)
-        else:
-            spec, weights = load_shipped(init_from)
-            build_world_model(init, spec, weights=weights)
+        spec, weights = (BUILTIN_SPEC, None) if config.init_from is None else load_shipped(config.init_from)
+        if config.camera_position_bands is not None:
+            spec = replace(spec, camera_position_bands=config.camera_position_bands)
+        build_world_model(init, spec, seed=seed, weights=weights)
     return init
 
 
@@ -205,7 +209,7 @@ def _trainer(work: Path, config: WorldTraining, seed: int) -> TeacherForcing:
     from deployments.generation.camera_adapter import CameraAdapter
     from deployments.generation.geometry import read_traits
 
-    init = _init_folder(work, config.init_from, seed)
+    init = _init_folder(work, config, seed)
     transformer = WanTransformer3DModel.from_pretrained(init, subfolder="transformer").train()
     adapter = CameraAdapter.from_pretrained(init, subfolder="camera_adapter").train()
     text_encoder = UMT5EncoderModel.from_pretrained(init / "text_encoder").eval()  # no dropout; gradients still flow

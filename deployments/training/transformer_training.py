@@ -53,6 +53,7 @@ from deployments.generation.schedule import denoising_sigmas
 from deployments.generation.text import prompt_states
 from deployments.training.files import torch_save_atomic
 from deployments.training.lr_schedule import warmup_cosine
+from deployments.training.trajectories import DEMO_PROMPTS
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,11 @@ class TransformerTraining:
     # Those samples may also end this many blocks after a transition has finished: the blocks that must
     # settle on the new prompt from a context still half-way (with own context, one that lags behind).
     transition_tail: int = 0
+    # Lone text-to-video first blocks added to every step (a second, one-block forward): made from the prompt
+    # and the keys alone at the start pose, each has one right answer, and inside 4-block sequences they are
+    # too few for the model to learn them sharp (the eleventh session's blocks were soft colour fields). Half
+    # come from sessions that open on a prompt the README and the page name (`DEMO_PROMPTS`).
+    first_blocks: int = 0
     held_out: int = 16  # trajectories kept out of training, for the context probe
     gap_fraction: float = 0.6  # sequences whose later blocks jump ahead, as after the window slides (most of a session)
     switch_weight: float = 0.3  # loss weight of blocks in a prompt transition (they carry most of the copy's error)
@@ -98,7 +104,7 @@ class TransformerTraining:
 
     def at(self, step: int) -> "TransformerTraining":
         """The recipe in force at `step` (the motion phase's, then this one)."""
-        return replace(self, image_fraction=1.0, switch_weight=0.0) if step < self.motion_steps else self
+        return replace(self, image_fraction=1.0, switch_weight=0.0, first_blocks=0) if step < self.motion_steps else self
 
 
 class _Binding:
@@ -383,6 +389,16 @@ def draw_samples(rng: np.random.Generator, recipe: TransformerTraining, fpb: int
     return samples
 
 
+def draw_first_blocks(rng: np.random.Generator, count: int, fpb: int, latents: list[torch.Tensor], mixes: list[list], poses: list[list],
+                      text_to_video: list[int] | None) -> list[Sample]:
+    """`count` lone first blocks of text-to-video sessions (`TransformerTraining.first_blocks`), half of them
+    (when there are any) from sessions that open on a named prompt."""
+    pool = list(text_to_video) if text_to_video else list(range(len(latents)))
+    named = [t for t in pool if len(mixes[t][0]) == 1 and mixes[t][0][0][0] in DEMO_PROMPTS]
+    picks = [named[int(rng.integers(len(named)))] if named and k % 2 == 0 else pool[int(rng.integers(len(pool)))] for k in range(count)]
+    return [Sample.of_blocks(latents[t], [0], fpb, mixes[t], poses[t], False) for t in picks]
+
+
 def transition_blocks(mixes: list[list], fpb: int, latents: list[torch.Tensor], blocks: int, tail: int = 0) -> list[tuple[int, list[int]]]:
     """Every (trajectory, sequence) whose last block is inside a prompt transition or at most `tail` blocks
     after one: the sink block, then the blocks just before it, so the block learns the change from a
@@ -473,6 +489,9 @@ def train_transformer(
         recipe = cfg.at(step)
         samples = draw_samples(rng, recipe, fpb, latents, mixes, poses, text_to_video)
         loss = trainer.loss(samples, rng, generator, recipe)
+        if recipe.first_blocks:  # drawn only then: recipes without it replay as they did
+            lone = draw_first_blocks(rng, recipe.first_blocks, fpb, latents, mixes, poses, text_to_video)
+            loss = loss + trainer.loss(lone, rng, generator, replace(recipe, own_context_fraction=0.0, context_blur_fraction=0.0))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
