@@ -16,13 +16,12 @@ from test_browser import run_script
 
 from deployments.models.builtin_world_model import weights_available
 from deployments.training.behaviour import renderer_colour
+from deployments.training.trajectories import DEMO_PROMPTS
 
 pytestmark = [needs_browser, pytest.mark.timeout(300)]
 
 if not weights_available():
     pytest.skip("the trained built-in world model's weights are not in deployments/models/weights/world/", allow_module_level=True)
-
-BIOMES = ("a green meadow", "a snowy field", "a sandy desert", "a lava field", "a city plaza", "a dense forest", "an ocean shore")
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +45,7 @@ def test_the_page_pans_on_d_and_turns_to_snow_on_the_prompt(base_url) -> None:
     assert len(held) >= 3, r["d_blocks"]
     before = [blocks[k] for k in range(1, held[0]) if k in blocks]
     meadow = before[-1]["mean"]
-    assert min(BIOMES, key=lambda p: colour_distance(meadow, p)) == "a green meadow", meadow
+    assert min(DEMO_PROMPTS, key=lambda p: colour_distance(meadow, p)) == "a green meadow", meadow
     # Holding D strafes right: in every block it was held for, the ground slides left across the frame.
     shifts = [blocks[k]["shift"] for k in held if k in blocks and blocks[k]["shift"] is not None]
     still = [abs(b["shift"]) for b in before if b["shift"] is not None]

@@ -30,6 +30,14 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
+CODE_CHANNELS_PER_BAND = 6  # sin and cos of a ray's three direction components
+
+
+def position_bands_of(state: dict[str, torch.Tensor]) -> int:
+    """How many position-code bands a camera adapter's state dict was trained with (0: none)."""
+    weight = state.get("proj_position.weight")  # (hidden, channels, 1, p, p)
+    return 0 if weight is None else weight.shape[1] // CODE_CHANNELS_PER_BAND
+
 
 class CameraAdapter(ModelMixin, ConfigMixin):
     """Plücker rays (B, 6, F, H, W) -> tokens (B, inner_dim, F, H/s/p, W/s/p)."""
@@ -58,7 +66,7 @@ class CameraAdapter(ModelMixin, ConfigMixin):
         self.proj_out = nn.Linear(hidden, inner_dim)
         if position_bands:
             self._codes: dict[tuple, torch.Tensor] = {}
-            self.proj_position = nn.Conv3d(6 * position_bands, hidden, kernel_size=tuple(patch_size), stride=tuple(patch_size))
+            self.proj_position = nn.Conv3d(CODE_CHANNELS_PER_BAND * position_bands, hidden, kernel_size=tuple(patch_size), stride=tuple(patch_size))
             nn.init.zeros_(self.proj_position.weight)
             nn.init.zeros_(self.proj_position.bias)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from deployments.generation.camera_adapter import position_bands_of
 from deployments.models.builtin_world_model import BUILTIN_SPEC, save_shipped
 from deployments.training.copy_init import init_as_copy
 from deployments.training.dataset import list_trajectories, load_trajectory, render_dataset, starts_at_origin
@@ -149,10 +150,9 @@ def run(work: str | Path, out: str | Path, config: WorldTraining = WorldTraining
 
             decoder = TinyVideoDecoder.from_pretrained(decoder_dir)
             weights["tiny_decoder"] = decoder.state_dict()
-        position = state["camera_adapter"].get("proj_position.weight")  # (hidden, 6 * bands, 1, p, p)
         save_shipped(weights, list(vae.config.latents_mean), list(vae.config.latents_std), out,
                      tiny_decoder_widths=None if decoder is None else decoder.config.widths,
-                     camera_position_bands=0 if position is None else position.shape[1] // 6)
+                     camera_position_bands=position_bands_of(state["camera_adapter"]))
         log({"stage": "export", "out": str(out), "step": state["step"], "bytes": sum(f.stat().st_size for f in out.glob("*.safetensors"))})
     return report
 

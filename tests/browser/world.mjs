@@ -70,24 +70,23 @@ await run(outDir, "world", [], async (page, result) => {
     }
   })();
 
-  const fps = await page.evaluate(() => window.rtvPlayer.generation.fps);
-  const blockStart = (k) => (k === 0 ? 0 : 9 + 12 * (k - 1)) / fps; // 9 frames, then 12 a block (3 latent frames, 4x in time)
+  // Block k's first frame on the media timeline, from the geometry video.start states: a causal VAE's first
+  // latent frame is one video frame, every later one `scale_factor_temporal` of them.
+  const g = await page.evaluate(() => window.rtvPlayer.generation);
+  const blockFrames = g.frames_per_block * g.scale_factor_temporal;
+  const blockStart = (k) => (k === 0 ? 0 : blockFrames - g.scale_factor_temporal + 1 + blockFrames * (k - 1)) / g.fps;
   await playedTo(page, blockStart(3));
   await page.screenshot({ path: `${outDir}/world-meadow.png`, fullPage: true });
 
   // Hold D until three blocks have started with it (the page sends the held keys once per block).
   await page.keyboard.down("d");
-  const dBlocks = () =>
-    page.evaluate(() =>
-      Object.values(window.rtvPlayer.interactions).filter((it) => it.keys && it.keys.includes("d") && it.startedBlock !== undefined).map((it) => it.startedBlock),
-    );
-  await page.waitForFunction(
-    () => Object.values(window.rtvPlayer.interactions).filter((it) => it.keys && it.keys.includes("d") && it.startedBlock !== undefined).length >= 3,
-    null,
-    { timeout: 90_000 },
-  );
+  const held = await page
+    .waitForFunction(() => {
+      const started = Object.values(window.rtvPlayer.interactions).filter((it) => it.keys && it.keys.includes("d") && it.startedBlock !== undefined);
+      return started.length >= 3 && started.map((it) => it.startedBlock);
+    }, null, { timeout: 90_000 })
+    .then((h) => h.jsonValue());
   await page.keyboard.up("d");
-  const held = await dBlocks();
 
   // The page's own prompt box and transition slider ("a snowy field" over 4 blocks as the page opens).
   result.new_prompt = await page.inputValue("#new-prompt");
