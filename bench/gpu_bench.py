@@ -61,7 +61,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--checkpoint", default="/tmp/rtv-wan-1.3b", help="where the random-weight checkpoint is built")
     parser.add_argument("--stage-timeout", type=int, default=300, help="seconds each stage may take")
     parser.add_argument("--skip-served", action="store_true")
+    parser.add_argument("--video-decoder", default="auto", choices=("auto", "vae", "tiny"), help="served: the replica's video_decoder")
+    parser.add_argument("--skip-in-process", action="store_true", help="only the served stages (e.g. a second call on a warm machine)")
     parser.add_argument("--skip-profile", action="store_true")
+    parser.add_argument("--compile", default="both", choices=("both", "eager", "compiled"),
+                        help="in-process: measure the eager engine, the compiled one (regional torch.compile), or both; "
+                             "served: compiled unless eager")
 
 
 # -- plumbing -------------------------------------------------------------------------
@@ -352,27 +357,9 @@ def in_process(args, path: Path, device: str, report: Report) -> None:
     report.save()
 
     # Session A: the first one after loading (cold), then long enough for a full window.
-    t0 = time.perf_counter()
-    session = _session(engine, args, PROMPTS[0], seed=0)
-    t_open = time.perf_counter() - t0
-    block = engine.generate_block(session)
-    out["ttff_cold_s"] = round(time.perf_counter() - t0, 4)
-    out["open_session_cold_s"] = round(t_open, 4)
-    block_s = []
-    latents = []
-    frames = []
-    for _ in range(1, max(args.blocks, first_full + 2)):
-        t0 = time.perf_counter()
-        block = engine.generate_block(session)
-        block_s.append(time.perf_counter() - t0)
-        latents = (latents + [block.latents])[-2:]
-        frames = (frames + [block.frames])[-2:]
-    steady = block_s[first_full - 1 :]
-    p50 = common.median(steady)
-    per_block = g.frames_in_block(1)
-    out["block_s_by_index"] = [round(x, 4) for x in block_s]  # blocks 1, 2, ...
-    out["steady_block"] = common.ms_stats(steady)
-    out["steady_fps"] = round(per_block / p50, 2) if p50 else None
+    session, reference = _long_session(engine, args, out, "ttff_cold_s")
+    latents = [b.latents for b in reference[-2:]]
+    frames = [b.frames for b in reference[-2:]]
     out["kv_cache_mib_per_session"] = round(session.kv.nbytes / 2**20, 1)
     out["vae_cache_mib_per_session"] = round(session.decoder.nbytes / 2**20, 1)
     report.save()
@@ -431,9 +418,87 @@ def in_process(args, path: Path, device: str, report: Report) -> None:
     if cuda:
         out["peak_gpu_memory_gib"] = _gib(torch.cuda.max_memory_allocated())
     del engine, session, warm
+    _release(device)
+    return reference
+
+
+def _long_session(engine, args, out: dict, ttff_key: str):
+    """Session A (the first prompt, seed 0), long enough for a full attention window and a few steady blocks
+    after it: its time to the first frame under `ttff_key`, its block times and steady frame rate in `out`.
+    Returns the open session and its blocks."""
+    g = engine.geometry
+    t0 = time.perf_counter()
+    session = _session(engine, args, PROMPTS[0], seed=0)
+    t_open = time.perf_counter() - t0
+    blocks = [engine.generate_block(session)]
+    out[ttff_key] = round(time.perf_counter() - t0, 4)
+    out["open_session_s"] = round(t_open, 4)
+    block_s = []
+    for _ in range(1, max(args.blocks, _first_full_block(g) + 2)):
+        t0 = time.perf_counter()
+        blocks.append(engine.generate_block(session))
+        block_s.append(time.perf_counter() - t0)
+    p50 = common.median(steady := block_s[_first_full_block(g) - 1 :])
+    out["block_s_by_index"] = [round(x, 4) for x in block_s]  # blocks 1, 2, ...
+    out["steady_block"] = common.ms_stats(steady)
+    out["steady_fps"] = round(g.frames_in_block(1) / p50, 2) if p50 else None
+    return session, blocks
+
+
+def _release(device: str) -> None:
+    import torch
+
     gc.collect()
-    if cuda:
+    if device.startswith("cuda"):
         torch.cuda.empty_cache()
+
+
+def in_process_compiled(args, path: Path, device: str, report: Report, reference: list | None) -> None:
+    """The engine with its transformer blocks compiled (regional torch.compile): the warm-up every replica
+    runs (one session through every context length: the compiling), then session A again, as the eager
+    engine ran it: its blocks' times, graphs made after the warm-up (recompiles, want 0) and agreement
+    with the eager blocks (cosine of latents, largest frame difference)."""
+    import numpy as np
+    import torch
+
+    from deployments.generation.engine import WorldModelEngine
+
+    out = report.data.setdefault("tp", {}).setdefault("1", {}).setdefault("compiled", {})
+    t0 = time.perf_counter()
+    engine = WorldModelEngine.from_pretrained(path, device=device, dtype=_torch_dtype(args.dtype), vae_dtype=_torch_dtype(vae_dtype(args)),
+                                              compile_blocks=True)
+    _sync(device)
+    out["load_s"] = round(time.perf_counter() - t0, 2)
+    g = engine.geometry
+    graphs_before = engine.compiled_graphs
+    t0 = time.perf_counter()
+    warm = _session(engine, args, PROMPTS[1], seed=1)
+    for _ in range(engine.warm_up_blocks):
+        engine.generate_block(warm)
+    warm.close()
+    out["warm_up"] = {"blocks": engine.warm_up_blocks, "seconds": round(time.perf_counter() - t0, 2), "graphs": engine.compiled_graphs - graphs_before}
+    report.save()
+
+    graphs_before = engine.compiled_graphs
+    session, blocks = _long_session(engine, args, out, "ttff_warm_s")
+    parts: dict = {}
+    with _instrumented(engine, session, device, parts):
+        engine.generate_block(session)
+    forwards = parts.get("transformer_forward", [])
+    out["each_forward_s"] = [round(x, 4) for x in forwards]
+    out["vae_decode_s"] = _s(sum(parts.get("vae_decode", [])))
+    out["recompiles_after_warm_up"] = engine.compiled_graphs - graphs_before
+    session.close()
+    if reference:
+        pairs = list(zip(reference, blocks))
+        out["agreement_with_eager"] = {
+            "latent_cosine_min": round(min(float(torch.nn.functional.cosine_similarity(
+                a.latents.flatten().double(), b.latents.flatten().double(), dim=0)) for a, b in pairs), 6),
+            "max_frame_diff_by_block": [int(np.abs(a.frames.astype(np.int16) - b.frames.astype(np.int16)).max()) for a, b in pairs],
+        }
+    report.save()
+    del engine, session
+    _release(device)
 
 
 # -- served -----------------------------------------------------------------------------
@@ -463,6 +528,8 @@ def served(args, path: Path, device: str, tp: int, report: Report) -> None:
             "num_replicas": 1,
             "max_sessions_per_replica": 2,
             "understanding_model": None,
+            "compile_transformer": args.compile != "eager",
+            "video_decoder": args.video_decoder,
             "torch_threads": args.torch_threads,
             "replica_cpus": 1,
         }
@@ -486,6 +553,13 @@ def served(args, path: Path, device: str, tp: int, report: Report) -> None:
         report.save()
         url = f"ws://127.0.0.1:{port}"
         first_full = _first_full_block(geometry)
+        replica = serve.get_deployment_handle("WorldModel", app_name="gpu-bench")
+        # The replica warms up (compiles, when compiled) after serve.run returns and answers sessions after
+        # that: the first session is timed from a warm replica, as /healthz tells a client it is.
+        while (before := replica.stats.remote().result(timeout_s=60))["warm_up"]["seconds"] is None:
+            time.sleep(0.5)
+        out["ready_s"] = round(time.perf_counter() - t0, 2)
+        out["warm_up"] = before["warm_up"]
         sessions = {}
         for label, prompt, seed in (("cold", PROMPTS[0], 0), ("warm", PROMPTS[2], 2)):
             timed = asyncio.run(stream_timed(url, prompt, args.served_blocks, args.size, seed, args.fps))
@@ -502,6 +576,9 @@ def served(args, path: Path, device: str, tp: int, report: Report) -> None:
             }
             out["sessions"] = sessions
             report.save()
+        after = replica.stats.remote().result(timeout_s=60)
+        out["compiled_graphs"] = {"after_warm_up": [r["compiled_graphs"] for r in before["ranks"]],
+                                  "recompiles_in_sessions": [b["compiled_graphs"] - a["compiled_graphs"] for a, b in zip(before["ranks"], after["ranks"])]}
         if device.startswith("cuda"):
             out["nvidia_smi_memory_used"] = _nvidia_smi("memory.used")
     finally:
@@ -553,8 +630,13 @@ def run(args) -> dict:
         path = build(args, device, report)
     if path is None:
         return report.data
-    with report.stage("in_process_tp1", args.stage_timeout):
-        in_process(args, path, device, report)
+    reference = None
+    if args.compile != "compiled" and not args.skip_in_process:
+        with report.stage("in_process_tp1", args.stage_timeout):
+            reference = in_process(args, path, device, report)
+    if args.compile != "eager" and not args.skip_in_process:
+        with report.stage("in_process_compiled_tp1", args.stage_timeout):
+            in_process_compiled(args, path, device, report, reference)
     gpus = torch.cuda.device_count() if device.startswith("cuda") else 0
     for tp in sorted({int(x) for x in args.tp.split(",") if x.strip()}):
         if args.skip_served:

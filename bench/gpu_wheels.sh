@@ -4,9 +4,9 @@
 # The lent GPU machine has Python 3.12 with torch, transformers, numpy, aiohttp,
 # grpcio, protobuf... but not Ray, Serve's web stack, pydantic, PyAV or diffusers,
 # and it reaches no registry. Wheels for cp312 are fetched here, installed into a
-# folder for that platform, and packed with xz: Ray's Java jars and dashboard web
-# build are left out (not used), which keeps the whole under the 64 MiB a device
-# call may carry. bench/gpu.sh unpacks it and puts it on PYTHONPATH.
+# folder for that platform, and packed with xz, less what Serve does not use (below),
+# which keeps the whole under the 64 MiB a device call may carry. bench/gpu.sh
+# unpacks it and puts it on PYTHONPATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +27,10 @@ work=$(mktemp -d /tmp/gpu_wheels.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 python3 -m pip download -q --no-deps "${PLATFORM[@]}" -d "$work/wheels" "${PACKAGES[@]}"
 python3 -m pip install -q --no-index --no-deps --no-compile "${PLATFORM[@]}" --target "$work/site" "$work"/wheels/*.whl
-rm -rf "$work/site/ray/jars" "$work/site/ray/dashboard/client/build" "$work/site/bin"
+# Left out, unused by Serve: Ray's Java jars, its dashboard's web build and its data, train, tune, RLlib and
+# LLM libraries (the working tree and this archive must fit a device call's 64 MiB together).
+rm -rf "$work/site/ray/jars" "$work/site/ray/dashboard/client/build" "$work/site/bin" \
+  "$work/site/ray/rllib" "$work/site/ray/data" "$work/site/ray/tune" "$work/site/ray/train" "$work/site/ray/llm"
 mkdir -p .whl
 tar -C "$work/site" -cf - . | xz -T0 -9 > .whl/site.tar.xz
 ls -l .whl/site.tar.xz

@@ -42,6 +42,10 @@ class AppConfig(BaseModel):
     # model folder's `tiny_decoder/` (deployments/generation/tiny_decoder.py; much cheaper), or `auto`: the tiny
     # one when it was trained for the model (the built-in world model's), else the VAE.
     video_decoder: Literal["auto", "vae", "tiny"] = "auto"
+    # Regional torch.compile of the transformer's repeated blocks (the KV cache is read and written outside
+    # the graphs). The warm-up then runs every context length a session meets, so the compiling happens
+    # before the replica says it is ready; worth it on GPUs, where it cuts the per-forward overhead.
+    compile_transformer: bool = False
     tensor_parallel_size: PositiveInt = 1
     gpu_memory_fraction: float = Field(0.9, gt=0.0, le=1.0)
     num_replicas: PositiveInt = 1
@@ -157,8 +161,3 @@ class AppConfig(BaseModel):
 
         return getattr(torch, self.dtype)
 
-    @property
-    def torch_vae_dtype(self):
-        import torch
-
-        return getattr(torch, self.vae_dtype or self.dtype)

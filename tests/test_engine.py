@@ -224,6 +224,26 @@ def test_bfloat16_engine_runs_though_diffusers_keeps_some_tables_in_float32(worl
     assert [b.frames.shape[0] for b in blocks] == [9, 12] and blocks[1].frames.std() > 0
 
 
+@pytest.mark.timeout(600)
+def test_compiled_blocks_give_the_eager_blocks_and_compile_nothing_after_the_warm_up(world_model_dir, engine):
+    """Regional torch.compile reads and writes the KV cache outside its graphs: one warm-up session through
+    every context length compiles what every later session needs, prompt switches and keys included."""
+    compiled = WorldModelEngine.from_pretrained(world_model_dir, compile_blocks=True)
+    assert compiled.compiled and not engine.compiled and engine.compiled_graphs == 0
+    rollout(compiled, cfg(seed=11, prompt="a warm-up prompt"), compiled.warm_up_blocks)
+    graphs = compiled.compiled_graphs
+    assert graphs > 0
+    events = {2: [Interaction(event_id="p", prompt="waves on rocks")], 4: [Interaction(event_id="k", actions=(("w",), ("w", "l"), ("l",)))]}
+    blocks = compiled.warm_up_blocks + 2
+    got = rollout(compiled, cfg(), blocks, events)
+    assert compiled.compiled_graphs == graphs, "a session after the warm-up compiled again"
+    expected = rollout(engine, cfg(), blocks, events)
+    for a, b in zip(got, expected):
+        assert a.metadata == b.metadata
+        assert (a.latents - b.latents).abs().max().item() < 1e-3
+        assert np.abs(a.frames.astype(int) - b.frames.astype(int)).max() <= 2
+
+
 def test_image_to_video_follows_the_image(i2v_model_dir):
     engine = WorldModelEngine.from_pretrained(i2v_model_dir)
     rng = np.random.default_rng(0)

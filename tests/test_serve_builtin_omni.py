@@ -115,3 +115,20 @@ def test_the_frame_filter_decides_which_frames_the_answer_sees(server) -> None:
     assert all(kept_all) and unfiltered == ["a green meadow"]
     assert kept == [True] + [False] * 7 and filtered == ["a city plaza"]  # repeats and the near-alike meadow dropped
     assert kept_change == [True, False, False, False, True, False, False, False]
+
+
+def test_num_sample_frames_decides_which_frames_the_answer_sees(server) -> None:
+    """A still camera on a snowy field, with a lava frame first and last: a query sees every kept frame by
+    default (16 at most) and the answer names the snow; with num_sample_frames 2 it sees the first and the
+    newest frame only (PROTOCOL.md's sampling), both lava, and names the lava. Every frame is kept either
+    way: the sampling, not the filter, decides."""
+    from deployments.generation.camera import Pose
+    from deployments.training.world import biome_weights, render
+
+    snow, lava = (render(Pose(), biome_weights(prompt)) for prompt in ("a snowy field", "a lava field"))
+    frames = [lava] + [snow] * 6 + [lava]
+    asked = [("Where are we?", None)]
+    every, kept_every = asyncio.run(ask_and_ack(server, frames, asked))
+    two, kept_two = asyncio.run(ask_and_ack(server, frames, asked, num_sample_frames=2))
+    assert all(kept_every) and all(kept_two)
+    assert (every, two) == (["a snowy field"], ["a lava field"])

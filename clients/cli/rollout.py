@@ -102,7 +102,7 @@ class RolloutPlan:
     dtype: str = "float32"  # the transformer's and text encoder's; the VAE stays float32
     tensor_parallel_size: int = 1  # ranks the transformer's heads are split over (one process each)
     gpu_memory_fraction: float | None = None  # the share of each GPU this process may allocate (None: no cap)
-    enforce_eager: bool = False  # the seed's flag: no compiled or graph-captured forwards (this engine runs eagerly)
+    enforce_eager: bool = False  # the seed's flag: no compiled forwards (on a GPU they are compiled by default)
 
 
 def prepare_rollout(
@@ -400,7 +400,10 @@ def load_engine(plan: RolloutPlan, rank: int = 0, init_method: str | None = None
     if plan.gpu_memory_fraction is not None:
         torch.cuda.set_per_process_memory_fraction(plan.gpu_memory_fraction, torch.device(device))
     try:
-        return WorldModelEngine.from_pretrained(plan.model, device=device, dtype=getattr(torch, plan.dtype), tensor_parallel=tp)
+        # Compiling pays on a GPU; on a CPU it costs more than a short rollout saves.
+        compile_blocks = device.startswith("cuda") and not plan.enforce_eager
+        return WorldModelEngine.from_pretrained(plan.model, device=device, dtype=getattr(torch, plan.dtype), tensor_parallel=tp,
+                                                compile_blocks=compile_blocks)
     except (CheckpointError, ValueError, OSError) as exc:
         raise RolloutInputError(f"cannot load model {plan.model}: {_one_line(exc)}") from None
 
@@ -529,7 +532,7 @@ def add_arguments(parser) -> None:
                         help="split the transformer's heads over N ranks, one process each (rank r on cuda:r; gloo on the CPU); default: 1")
     parser.add_argument("--gpu-memory-fraction", type=float, metavar="F", help="cap each rank's GPU memory at this share of the device (0 < F <= 1)")
     parser.add_argument("--enforce-eager", action="store_true",
-                        help="no compiled or graph-captured forwards (the seed's flag; this engine runs eagerly, so it is recorded only)")
+                        help="no compiled forwards (the seed's flag); by default a rollout on a GPU compiles the transformer's blocks")
 
 
 def main(args) -> int:

@@ -89,32 +89,47 @@ def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 class CausalSelfAttnProcessor:
-    """Self-attention over [sink, window, current block]; appends the block's K/V on commit."""
+    """Self-attention over [sink, window, current block]; appends the block's K/V on commit.
+
+    The cache is read and written only in `_context` and `_commit`, which torch.compile leaves out of its
+    graphs: the session state they touch changes every block, the tensor math around them does not.
+    """
 
     def __init__(self, layer: int, head_dim: int, binding: CacheBinding) -> None:
         self.layer, self.head_dim, self.binding = layer, head_dim, binding
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+    @torch.compiler.disable
+    def _context(self, dtype: torch.dtype, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's cached keys (rotated) and values, built once per block and kept for its other forwards."""
         state = self.binding.state
+        context = state.block_context.get(self.layer) if state.block_context is not None else None
+        if context is None:
+            k_ctx, v_ctx = _stacked(kv.context(self.layer) for kv in state.kvs)
+            length = k_ctx.shape[1]
+            context = (apply_rotary(k_ctx.to(dtype), cos[:, :length], sin[:, :length]), v_ctx.to(dtype))
+            if state.block_context is not None:
+                state.block_context[self.layer] = context
+        return context
+
+    @torch.compiler.disable
+    def _commit(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        state = self.binding.state
+        if state.commit:
+            for b, kv in enumerate(state.kvs):
+                kv.write(self.layer, k[b : b + 1], v[b : b + 1])
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
         q = _heads(attn.norm_q(attn.to_q(hidden_states)), self.head_dim)
         k = _heads(attn.norm_k(attn.to_k(hidden_states)), self.head_dim)
         v = _heads(attn.to_v(hidden_states), self.head_dim)
         cos, sin = rotary_emb  # covers context + current tokens (see OffsetRope)
         n = q.shape[1]
-        context = state.block_context.get(self.layer) if state.block_context is not None else None
-        if context is None:
-            k_ctx, v_ctx = _stacked(kv.context(self.layer) for kv in state.kvs)
-            length = k_ctx.shape[1]
-            context = (apply_rotary(k_ctx.to(k.dtype), cos[:, :length], sin[:, :length]), v_ctx.to(v.dtype))
-            if state.block_context is not None:
-                state.block_context[self.layer] = context
+        context = self._context(k.dtype, cos, sin)
         q = apply_rotary(q, cos[:, -n:], sin[:, -n:])
         k_all = torch.cat([context[0], apply_rotary(k, cos[:, -n:], sin[:, -n:])], dim=1)
         v_all = torch.cat([context[1], v], dim=1)
         out = dispatch_attention_fn(q, k_all, v_all, attn_mask=None, dropout_p=0.0, is_causal=False)
-        if state.commit:
-            for b, kv in enumerate(state.kvs):
-                kv.write(self.layer, k[b : b + 1], v[b : b + 1])
+        self._commit(k, v)
         out = out.flatten(2, 3).type_as(q)
         return attn.to_out[1](attn.to_out[0](out))
 
@@ -125,17 +140,21 @@ class CachedCrossAttnProcessor:
     def __init__(self, layer: int, head_dim: int, binding: CacheBinding) -> None:
         self.layer, self.head_dim, self.binding = layer, head_dim, binding
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
-        state = self.binding.state
-        q = _heads(attn.norm_q(attn.to_q(hidden_states)), self.head_dim)
+    @torch.compiler.disable
+    def _text(self, attn, encoder_hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's text K/V, from each session's cache or computed into it (outside compiled graphs)."""
         pairs = []
-        for b, text_kv in enumerate(state.text_kvs):
+        for b, text_kv in enumerate(self.binding.state.text_kvs):
             cached = text_kv.get(self.layer)
             if cached is None:
                 text = encoder_hidden_states[b : b + 1]
                 cached = text_kv[self.layer] = (_heads(attn.norm_k(attn.to_k(text)), self.head_dim), _heads(attn.to_v(text), self.head_dim))
             pairs.append(cached)
-        k, v = _stacked(pairs)
+        return _stacked(pairs)
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+        q = _heads(attn.norm_q(attn.to_q(hidden_states)), self.head_dim)
+        k, v = self._text(attn, encoder_hidden_states)
         out = dispatch_attention_fn(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False)
         out = out.flatten(2, 3).type_as(q)
         return attn.to_out[1](attn.to_out[0](out))

@@ -97,6 +97,7 @@ class WorldModelEngine:
         self._lock = threading.Lock()
         self._camera_cache: dict[tuple, torch.Tensor] = {}
         self._decode_stream = None  # created on first deferred decode on a GPU
+        self.compiled = False
 
     @classmethod
     def from_pretrained(
@@ -107,13 +108,36 @@ class WorldModelEngine:
         vae_dtype: torch.dtype = torch.float32,
         tensor_parallel: TensorParallel | None = None,
         video_decoder: str = "vae",
+        compile_blocks: bool = False,
     ) -> "WorldModelEngine":
         """Load a checkpoint; with `tensor_parallel` every rank calls this and the transformer is sharded after loading.
         `video_decoder`: "vae" (the Wan VAE, exact), "tiny" (the folder's `tiny_decoder/`), or "auto" (the tiny
-        one when it was trained for this model)."""
+        one when it was trained for this model). `compile_blocks`: regional torch.compile of the transformer's
+        repeated blocks; each new shape (context length, batch) compiles on its first forward, which
+        `warm_up_blocks` blocks of one session cover."""
         tiny = resolve_video_decoder(Path(path), video_decoder) == "tiny"
-        return cls(load_world_model(path, device=device, dtype=dtype, vae_dtype=vae_dtype, tensor_parallel=tensor_parallel,
-                                    tiny_decoder=tiny))
+        engine = cls(load_world_model(path, device=device, dtype=dtype, vae_dtype=vae_dtype, tensor_parallel=tensor_parallel,
+                                      tiny_decoder=tiny))
+        if compile_blocks:
+            engine.transformer.compile_repeated_blocks()
+            engine.compiled = True
+        return engine
+
+    @property
+    def compiled_graphs(self) -> int:
+        """Graphs torch.compile has made in this process (0 when eager): one more after the warm-up is a recompile."""
+        if not self.compiled:
+            return 0
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+
+    @property
+    def warm_up_blocks(self) -> int:
+        """Blocks a session runs before its attention context stops growing: after them every forward
+        has a shape seen before (what a compiled engine's warm-up must cover)."""
+        g = self.geometry
+        return -(-g.context_frames // g.num_frames_per_block) + 1
 
     @property
     def decodes(self) -> bool:

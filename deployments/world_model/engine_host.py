@@ -39,14 +39,32 @@ def _device(accelerator: str) -> str:
     return "cuda" if torch.cuda.is_available() and accelerator != "cpu" else "cpu"
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineLoad:
+    """How every rank loads the replica's engine (plain values: it travels to the rank actors)."""
+
+    path: Path
+    accelerator: str
+    dtype: str  # torch dtype names
+    vae_dtype: str
+    video_decoder: str = "vae"
+    compile_blocks: bool = False
+
+    def engine(self, tensor_parallel=None):
+        import torch
+
+        from deployments.generation.engine import WorldModelEngine
+
+        return WorldModelEngine.from_pretrained(self.path, device=_device(self.accelerator), dtype=getattr(torch, self.dtype),
+                                                vae_dtype=getattr(torch, self.vae_dtype), tensor_parallel=tensor_parallel,
+                                                video_decoder=self.video_decoder, compile_blocks=self.compile_blocks)
+
+
 class EngineSessions:
     """One engine and the sessions open on it, by id (what each host, and each rank, keeps)."""
 
-    def __init__(self, path: Path, device: str, dtype, vae_dtype, tensor_parallel=None, video_decoder: str = "vae") -> None:
-        from deployments.generation.engine import WorldModelEngine
-
-        self.engine = WorldModelEngine.from_pretrained(path, device=device, dtype=dtype, vae_dtype=vae_dtype, tensor_parallel=tensor_parallel,
-                                                       video_decoder=video_decoder)
+    def __init__(self, load: EngineLoad, tensor_parallel=None) -> None:
+        self.engine = load.engine(tensor_parallel)
         self.sessions: dict = {}
 
     def info(self) -> dict:
@@ -58,6 +76,8 @@ class EngineSessions:
             "image_conditioned": self.engine.image_conditioned,
             "accepts_camera": self.engine.accepts_camera,
             "device": str(self.engine.device),
+            "compiled": self.engine.compiled,
+            "warm_up_blocks": self.engine.warm_up_blocks,
         }
 
     def capacity(self, height: int, width: int, cap: int | None, gpu_memory_fraction: float):
@@ -111,8 +131,8 @@ class EngineSessions:
 class LocalExecutor:
     """tensor_parallel_size 1: the engine lives in the replica; each call runs on a worker thread."""
 
-    def __init__(self, path: Path, accelerator: str, dtype, vae_dtype, video_decoder: str = "vae") -> None:
-        self.local = EngineSessions(path, _device(accelerator), dtype, vae_dtype, video_decoder=video_decoder)
+    def __init__(self, load: EngineLoad) -> None:
+        self.local = EngineSessions(load)
 
     def start(self) -> list:
         return [self.local.info()]
@@ -137,19 +157,17 @@ class LocalExecutor:
 class RankWorker:
     """One rank of a tensor-parallel replica: its share of the engine, run by method name."""
 
-    def __init__(self, rank: int, world_size: int, init_method: str, path: str, accelerator: str, dtype_name: str, vae_dtype_name: str,
-                 video_decoder: str = "vae") -> None:
+    def __init__(self, rank: int, world_size: int, init_method: str, load: EngineLoad) -> None:
         import torch
 
         from deployments.generation.tensor_parallel import TensorParallel
 
-        device = _device(accelerator)
+        device = _device(load.accelerator)
         if device == "cuda":
             torch.cuda.set_device(0)  # Ray gives each rank exactly its own GPU
         tp = TensorParallel.initialize(rank, world_size, init_method, device_type=device)
         self.rank = rank
-        self.local = EngineSessions(Path(path), device, getattr(torch, dtype_name), getattr(torch, vae_dtype_name), tensor_parallel=tp,
-                                    video_decoder=video_decoder)
+        self.local = EngineSessions(load, tensor_parallel=tp)
 
     def run(self, method: str, *args, answer: bool = True):
         result = getattr(self.local, method)(*args)
@@ -165,7 +183,7 @@ class TensorParallelExecutor:
     """One `RankWorker` per rank, each in its own bundle of the replica's placement group (bundle 0 is
     the replica's); every call goes to all of them so they run it in lockstep."""
 
-    def __init__(self, path: Path, accelerator: str, dtype, vae_dtype, world_size: int, video_decoder: str = "vae") -> None:
+    def __init__(self, load: EngineLoad, world_size: int) -> None:
         from ray.util.placement_group import get_current_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -173,7 +191,6 @@ class TensorParallelExecutor:
         if group is None:
             raise RuntimeError("tensor_parallel_size > 1 needs the replica's placement group (one GPU bundle per rank)")
         init_method = f"tcp://{ray.util.get_node_ip_address()}:{_free_port()}"
-        dtype_name, vae_dtype_name = (str(d).removeprefix("torch.") for d in (dtype, vae_dtype))
         bundles = group.bundle_specs
         if len(bundles) != world_size + 1:
             raise RuntimeError(f"the replica's placement group has {len(bundles)} bundles, expected 1 + {world_size} ranks")
@@ -183,7 +200,7 @@ class TensorParallelExecutor:
                 num_cpus=bundles[rank + 1].get("CPU", 0),
                 num_gpus=bundles[rank + 1].get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank + 1),
-            ).remote(rank, world_size, init_method, str(path), accelerator, dtype_name, vae_dtype_name, video_decoder)
+            ).remote(rank, world_size, init_method, load)
             for rank in range(world_size)
         ]
 
@@ -227,7 +244,7 @@ def _rank_lost():
 
 def _describe(rank: int, local: EngineSessions) -> dict:
     return {"rank": rank, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": ray.get_gpu_ids(),
-            **local.holding()}
+            "compiled_graphs": local.engine.compiled_graphs, **local.holding()}
 
 
 class EngineHost:
@@ -302,7 +319,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_engine_host(path: Path, accelerator: str, dtype, vae_dtype, tensor_parallel_size: int, video_decoder: str = "vae") -> EngineHost:
+def make_engine_host(load: EngineLoad, tensor_parallel_size: int) -> EngineHost:
     if tensor_parallel_size == 1:
-        return EngineHost(LocalExecutor(path, accelerator, dtype, vae_dtype, video_decoder))
-    return EngineHost(TensorParallelExecutor(path, accelerator, dtype, vae_dtype, tensor_parallel_size, video_decoder))
+        return EngineHost(LocalExecutor(load))
+    return EngineHost(TensorParallelExecutor(load, tensor_parallel_size))

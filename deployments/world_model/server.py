@@ -53,15 +53,16 @@ class WorldModelServer:
         from deployments.models.ensure import ensure_tiny_models
         from deployments.models.locate import locate_model
         from deployments.sessions.mailbox import MailboxActor
-        from deployments.world_model.engine_host import make_engine_host
+        from deployments.world_model.engine_host import EngineLoad, make_engine_host
 
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
 
         self.config = config
         path = ensure_tiny_models(config.model_path) if config.build_tiny_models else locate_model(config.model)
-        self.host = make_engine_host(path, config.accelerator, config.torch_dtype, config.torch_vae_dtype, config.tensor_parallel_size,
-                                     config.video_decoder)
+        load = EngineLoad(path, config.accelerator, config.dtype, config.vae_dtype or config.dtype, config.video_decoder,
+                          config.compile_transformer)
+        self.host = make_engine_host(load, config.tensor_parallel_size)
         self.host.start()
         self.capacity, self.footprint = self.host.capacity(
             config.height, config.width, config.max_sessions_per_replica, config.gpu_memory_fraction
@@ -97,46 +98,58 @@ class WorldModelServer:
         return asyncio.shield(self._warming)
 
     async def _warm_up(self) -> None:
-        """A throwaway session through every step a real one takes (block 0 and steady blocks denoised,
-        decoded, encoded), outside the slots and the session metrics. A failure is logged, never fatal:
-        the first real session then pays for the setup, as it would without a warm-up."""
+        """Throwaway sessions through every step a real one takes (block 0 and steady blocks denoised,
+        decoded, encoded), outside the slots and the session metrics. A compiled engine's warm-up runs one
+        session through every context length, then (where sessions share forwards) two together: after
+        that no session shape compiles anything. A failure is logged, never fatal: the first real session
+        then pays for the setup, as it would without a warm-up."""
         blocks = self.config.warmup_blocks
         if blocks == 0:
             return
-        import numpy as np
-
-        from deployments.media.fmp4 import AsyncFragmentEncoder
-
         info = self.host.info()
-        height, width = self.config.height, self.config.width
-        image = np.full((height, width, 3), 128, np.uint8) if info["image_conditioned"] else None
-        spec = SessionSpec(prompt="warm-up", height=height, width=width, fps=self.config.fps, seed=0, image=image,
-                           num_inference_steps=self.config.num_inference_steps)
-        sid = "warm-up-" + spec.session_id
+        groups = [1]
+        if info["compiled"]:
+            blocks = max(blocks, info["warm_up_blocks"])
+            if min(self.capacity, self.config.max_batch_sessions) > 1:
+                groups.append(2)  # a batch's first forward compiles once, for every batch size after it
         began = time.perf_counter()
-        encoder = AsyncFragmentEncoder(width, height, spec.fps)
         try:
-            await self.host.open(spec, sid)
-            try:
-                for _ in range(blocks):
-                    block = (await self.host.generate_many([sid], decode=not self.overlap_decode))[sid]
-                    if isinstance(block, BaseException):
-                        raise block
-                    frames = (await self.host.decode_many([sid]))[sid] if self.overlap_decode else block.frames
-                    if isinstance(frames, BaseException):
-                        raise frames
-                    await encoder.encode(frames)
-                    self.warm_up["blocks"] += 1
-            finally:
-                await self.host.close(sid)
-            await encoder.close()
+            for sessions in groups:
+                await self._warm_up_group(sessions, blocks, info["image_conditioned"])
         except Exception as exc:  # noqa: BLE001 - reported in stats and the log, the replica serves on
             self.warm_up["error"] = f"{type(exc).__name__}: {exc}"
             logger.warning("world model warm-up failed after %d blocks: %s", self.warm_up["blocks"], self.warm_up["error"])
         finally:
-            encoder.shutdown()
             self.warm_up["seconds"] = round(time.perf_counter() - began, 3)
         logger.info("world model warmed up: %d blocks in %.2f s", self.warm_up["blocks"], self.warm_up["seconds"])
+
+    async def _warm_up_group(self, sessions: int, blocks: int, image_conditioned: bool) -> None:
+        """`sessions` throwaway sessions run `blocks` blocks together, each block decoded and encoded."""
+        import numpy as np
+
+        from deployments.media.fmp4 import AsyncFragmentEncoder
+
+        height, width = self.config.height, self.config.width
+        image = np.full((height, width, 3), 128, np.uint8) if image_conditioned else None
+        specs = [SessionSpec(prompt="warm-up", height=height, width=width, fps=self.config.fps, seed=seed, image=image,
+                             num_inference_steps=self.config.num_inference_steps) for seed in range(sessions)]
+        sids = ["warm-up-" + spec.session_id for spec in specs]
+        encoder = AsyncFragmentEncoder(width, height, self.config.fps)
+        opened: list[str] = []
+        try:
+            for spec, sid in zip(specs, sids):
+                await self.host.open(spec, sid)
+                opened.append(sid)
+            for _ in range(blocks):
+                made = _raised(await self.host.generate_many(sids, decode=not self.overlap_decode))
+                frames = _raised(await self.host.decode_many(sids)) if self.overlap_decode else {sid: made[sid].frames for sid in sids}
+                await encoder.encode(frames[sids[0]])
+                self.warm_up["blocks"] += 1
+            await encoder.close()
+        finally:
+            for sid in opened:
+                await self.host.close(sid)
+            encoder.shutdown()
 
     # -- Serve hooks ---------------------------------------------------------
     def record_routing_stats(self) -> dict:
@@ -355,3 +368,11 @@ class _Step:
     failures: list[InteractionFailed]
     reason: str = "complete"
     playback: float | None = None  # the client's latest reported playback position
+
+
+def _raised(outcomes: dict) -> dict:
+    """Per-session outcomes of a host call, raising the first failure among them."""
+    for outcome in outcomes.values():
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return outcomes
