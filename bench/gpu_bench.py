@@ -61,6 +61,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--checkpoint", default="/tmp/rtv-wan-1.3b", help="where the random-weight checkpoint is built")
     parser.add_argument("--stage-timeout", type=int, default=300, help="seconds each stage may take")
     parser.add_argument("--skip-served", action="store_true")
+    parser.add_argument("--served-ks", type=lambda t: [int(k) for k in t.split(",") if k], default=[2, 4],
+                        help="served: K sessions at once after the single ones (comma-separated; empty for none)")
     parser.add_argument("--video-decoder", default="auto", choices=("auto", "vae", "tiny"), help="served: the replica's video_decoder")
     parser.add_argument("--skip-in-process", action="store_true", help="only the served stages (e.g. a second call on a warm machine)")
     parser.add_argument("--skip-profile", action="store_true")
@@ -506,7 +508,8 @@ def served(args, path: Path, device: str, tp: int, report: Report) -> None:
     import ray
     from ray import serve
 
-    from bench.served import stream_timed
+    from bench.batching import record
+    from bench.served import stream_many, stream_timed
     from deployments.app import build_app
     from deployments.config import AppConfig
     from deployments.generation.geometry import read_geometry
@@ -526,7 +529,7 @@ def served(args, path: Path, device: str, tp: int, report: Report) -> None:
             "fps": args.fps,
             "tensor_parallel_size": tp,
             "num_replicas": 1,
-            "max_sessions_per_replica": 2,
+            "max_sessions_per_replica": max([2, *args.served_ks]),
             "understanding_model": None,
             "compile_transformer": args.compile != "eager",
             "video_decoder": args.video_decoder,
@@ -572,9 +575,18 @@ def served(args, path: Path, device: str, tp: int, report: Report) -> None:
                 "interval_s_by_chunk": [round(x, 4) for x in timed.intervals_s],
                 "steady_interval": common.ms_stats(steady),
                 "steady_fps": round(geometry.frames_in_block(1) / p50, 2) if p50 else None,
+                # arrival at the client minus the replica's frames_ready_at stamp: what serving adds, one clock
+                "serving_overhead": common.ms_stats(timed.overhead_s),
                 "error": timed.error,
             }
             out["sessions"] = sessions
+            report.save()
+        out["several_sessions"] = {}
+        for k in args.served_ks:  # K sessions at once on the one replica, denoised and decoded together
+            row = {"fps": [], "interval_s": [], "errors": []}
+            record(row, stream_many(url, k, PROMPTS[1], args.served_blocks, args.size, args.fps, seed=10 * k))
+            out["several_sessions"][str(k)] = {"aggregate_fps": round(row["fps"][0], 2), "per_session_fps": round(row["fps"][0] / k, 2),
+                                               "session_interval": common.ms_stats(row["interval_s"]), "errors": row["errors"]}
             report.save()
         after = replica.stats.remote().result(timeout_s=60)
         out["compiled_graphs"] = {"after_warm_up": [r["compiled_graphs"] for r in before["ranks"]],
