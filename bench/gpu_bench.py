@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import math
 import os
 import shutil
 import signal
@@ -198,11 +197,6 @@ def _session(engine, args, prompt: str, seed: int):
     return engine.open_session(SessionSpec(prompt=prompt, height=height, width=width, seed=seed))
 
 
-def _first_full_block(geometry) -> int:
-    """Index of the first block whose attention context (sink + window) is full."""
-    return math.ceil(geometry.context_frames / geometry.num_frames_per_block)
-
-
 @contextmanager
 def _instrumented(engine, session, device: str, parts: dict):
     """Time the pieces of generate_block (synchronizing around each): forwards, camera, text, decode, to-host."""
@@ -344,7 +338,7 @@ def in_process(args, path: Path, device: str, report: Report) -> None:
     g = engine.geometry
     width, height = args.size
     lh, lw = g.latent_size(height, width)
-    first_full = _first_full_block(g)
+    first_full = g.first_full_context_block
     out["geometry"] = {
         "size": f"{width}x{height}",
         "latent": f"{lw}x{lh}",
@@ -436,11 +430,11 @@ def _long_session(engine, args, out: dict, ttff_key: str):
     out[ttff_key] = round(time.perf_counter() - t0, 4)
     out["open_session_s"] = round(t_open, 4)
     block_s = []
-    for _ in range(1, max(args.blocks, _first_full_block(g) + 2)):
+    for _ in range(1, max(args.blocks, g.first_full_context_block + 2)):
         t0 = time.perf_counter()
         blocks.append(engine.generate_block(session))
         block_s.append(time.perf_counter() - t0)
-    p50 = common.median(steady := block_s[_first_full_block(g) - 1 :])
+    p50 = common.median(steady := block_s[g.first_full_context_block - 1 :])
     out["block_s_by_index"] = [round(x, 4) for x in block_s]  # blocks 1, 2, ...
     out["steady_block"] = common.ms_stats(steady)
     out["steady_fps"] = round(g.frames_in_block(1) / p50, 2) if p50 else None
@@ -471,7 +465,6 @@ def in_process_compiled(args, path: Path, device: str, report: Report, reference
                                               compile_blocks=True)
     _sync(device)
     out["load_s"] = round(time.perf_counter() - t0, 2)
-    g = engine.geometry
     graphs_before = engine.compiled_graphs
     t0 = time.perf_counter()
     warm = _session(engine, args, PROMPTS[1], seed=1)
@@ -555,7 +548,7 @@ def served(args, path: Path, device: str, tp: int, report: Report) -> None:
         out["deploy_s"] = round(time.perf_counter() - t0, 2)
         report.save()
         url = f"ws://127.0.0.1:{port}"
-        first_full = _first_full_block(geometry)
+        first_full = geometry.first_full_context_block
         replica = serve.get_deployment_handle("WorldModel", app_name="gpu-bench")
         # The replica warms up (compiles, when compiled) after serve.run returns and answers sessions after
         # that: the first session is timed from a warm replica, as /healthz tells a client it is.

@@ -28,7 +28,7 @@ def test_the_warm_up_compiles_what_sessions_alone_and_together_need(handle, serv
     from deployments.generation.geometry import read_geometry
 
     g = read_geometry(world_model_dir)
-    context_lengths = g.context_frames // g.num_frames_per_block + 1  # 0, one block, ... a full context
+    context_lengths = g.first_full_context_block + 1  # 0, one block, ... a full context
 
     def warmed_up():
         stats = handle.stats.remote().result(timeout_s=60)

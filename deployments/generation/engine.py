@@ -136,8 +136,7 @@ class WorldModelEngine:
     def warm_up_blocks(self) -> int:
         """Blocks a session runs before its attention context stops growing: after them every forward
         has a shape seen before (what a compiled engine's warm-up must cover)."""
-        g = self.geometry
-        return -(-g.context_frames // g.num_frames_per_block) + 1
+        return self.geometry.first_full_context_block + 1
 
     @property
     def decodes(self) -> bool:

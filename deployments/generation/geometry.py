@@ -42,6 +42,12 @@ class ARGeometry:
         """Latent frames a block can attend to besides itself."""
         return self.sink_size + self.sliding_window_num_frames
 
+    @property
+    def first_full_context_block(self) -> int:
+        """Index of the first block whose attention context (sink + window) is full: from it on every
+        block attends to the same number of frames."""
+        return -(-self.context_frames // self.num_frames_per_block)
+
     def frames_in_block(self, block_index: int) -> int:
         return frames_in_block(block_index, self.num_frames_per_block, self.scale_factor_temporal)
 
