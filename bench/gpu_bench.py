@@ -570,6 +570,7 @@ def served(args, path: Path, device: str, tp: int, report: Report) -> None:
                 "steady_fps": round(geometry.frames_in_block(1) / p50, 2) if p50 else None,
                 # arrival at the client minus the replica's frames_ready_at stamp: what serving adds, one clock
                 "serving_overhead": common.ms_stats(timed.overhead_s),
+                "serving_stages": timed.stage_stats(),
                 "error": timed.error,
             }
             out["sessions"] = sessions

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import common
+
 APP_NAME = "bench"
 
 
@@ -104,7 +106,12 @@ class TimedSession:
     chunk_frames: list[int] = field(default_factory=list)
     # Per media chunk: arrival here minus the replica's `frames_ready_at` stamp (one host, one clock).
     overhead_s: list[float] = field(default_factory=list)
+    # The same split by the stamps along the way: {"replica": [...], "to_ingress": [...], "to_client": [...]}.
+    stages_s: dict[str, list[float]] = field(default_factory=dict)
     error: str | None = None
+
+    def stage_stats(self) -> dict:
+        return {stage: common.ms_stats(values) for stage, values in self.stages_s.items()}
 
     @property
     def first_chunk_s(self) -> float | None:
@@ -132,6 +139,8 @@ async def stream_timed(url: str, prompt: str, blocks: int, size: tuple[int, int]
             timed.chunk_frames.append(event.num_frames)
             if event.serving_overhead is not None:
                 timed.overhead_s.append(event.serving_overhead)
+            for stage, seconds in (event.serving_stages or {}).items():
+                timed.stages_s.setdefault(stage, []).append(seconds)
 
     result = await stream_session(url, prompt, blocks=blocks, seed=seed, size=f"{size[0]}x{size[1]}", extra=extra,
                                   on_event=on_event, open_timeout=30.0, event_timeout=120.0)

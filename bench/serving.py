@@ -71,6 +71,8 @@ def run(args) -> dict:
     served_first = [t.first_chunk_s for _, t in served_runs if t.first_chunk_s is not None]
 
     overhead = common.ms_stats([s for _, timed in served_runs for s in timed.overhead_s])
+    stages = {stage: common.ms_stats([s for _, timed in served_runs for s in timed.stages_s.get(stage, [])])
+              for stage in ("replica", "to_ingress", "to_client")}
     first = common.ms_stats(first_overhead)
     return {
         "results": {
@@ -83,6 +85,9 @@ def run(args) -> dict:
             "replica_engine_block": common.ms_stats(replica_runs),
             "engine_block_with_block0": common.ms_stats([sum(run.block_s) / len(run.block_s) for _, run in engine_runs]),
             "chunk_overhead": overhead,
+            # chunk_overhead by stage, same stamps: encode (and pacing) on the replica, Ray's hop to the
+            # ingress, then the ingress, Serve's proxy and the socket.
+            "chunk_overhead_stages": stages,
             "interval_overhead": common.ms_stats(interval_overhead),
             "engine_first_chunk": common.ms_stats(engine_first),
             "served_first_chunk": common.ms_stats(served_first),

@@ -1,6 +1,6 @@
 """Sessions of one replica are denoised (and decoded) together, and each still gets its own blocks.
 
-Several sessions at once on one WorldModel replica: the replica's batcher hands the engine every
+Several sessions at once on one WorldModel replica: the replica's scheduler hands the engine every
 block request waiting when it comes free, so the engine calls are fewer than the blocks; each
 session's latents equal the same session run alone.
 """
@@ -74,4 +74,4 @@ def test_streamed_sessions_decode_beside_the_next_block_and_together(handle, ser
     for transcript in transcripts:
         assert transcript.done is not None and not transcript.errors and not transcript.order_errors
         assert [meta["num_frames"] for meta, _ in transcript.media if meta["kind"] == "media"] == [9, 12, 12, 12]
-    assert after["requests"] - before["requests"] == 3 * 4  # every block's frames came from the decode batcher
+    assert after["requests"] - before["requests"] == 3 * 4  # every block's frames came from the decode lane

@@ -78,6 +78,10 @@ def test_full_session_streams_a_playable_fmp4(address):
     # When the replica had each block's frames (one host, one clock): in order, within the session; none on the trailer.
     stamps = [meta.get("frames_ready_at") for meta, _ in t.media]
     assert stamps[-1] is None and began < stamps[0] <= stamps[1] <= stamps[2] < ended
+    # Each chunk's way out on the same clock: frames ready, sent by the replica, received by the ingress.
+    for meta, _ in t.media[:-1]:
+        assert meta["frames_ready_at"] <= meta["replica_sent_at"] <= meta["ingress_received_at"] < ended
+    assert "replica_sent_at" not in t.media[-1][0] and "ingress_received_at" not in t.media[-1][0]
     assert t.media[0][1][4:8] == b"ftyp"
     assert t.done == {"type": "session.done", "request_id": first["request_id"], "chunks": 4, "stopped": False}
     assert t.close_code == 1000

@@ -90,6 +90,8 @@ class ChunkMetadata:
     # Frames this binary frame completes (our additive `fragment_frames`; a server without it: `num_frames`).
     fragment_frames: int = 0
     frames_ready_at: float | None = None  # ours: Unix seconds when the replica had the block's frames
+    replica_sent_at: float | None = None  # ours: ... when the replica sent the encoded chunk
+    ingress_received_at: float | None = None  # ours: ... when the ingress had it from the replica
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,16 @@ class VideoChunk:
         server sends no `frames_ready_at`."""
         ready = self.metadata.frames_ready_at
         return None if ready is None or self.received_wall is None else self.received_wall - ready
+
+    @property
+    def serving_stages(self) -> dict[str, float] | None:
+        """`serving_overhead` split on the same clock: `replica` (encode, pacing), `to_ingress` (Ray's hop) and
+        `to_client` (the ingress, Serve's proxy, the socket); None when the server sends no stage stamps."""
+        m = self.metadata
+        stamps = (m.frames_ready_at, m.replica_sent_at, m.ingress_received_at, self.received_wall)
+        if any(stamp is None for stamp in stamps):
+            return None
+        return {stage: later - earlier for stage, earlier, later in zip(("replica", "to_ingress", "to_client"), stamps, stamps[1:])}
 
     @property
     def kind(self) -> str:
@@ -147,6 +159,7 @@ class VideoChunk:
             "received_at_seconds": self.received_at,
             "latency_seconds": self.latency_seconds,
             "serving_overhead_seconds": self.serving_overhead,
+            "serving_stages_seconds": self.serving_stages,
             "started_event_ids": list(m.started_event_ids),
             "active_event_ids": list(m.active_event_ids),
             "completed_event_ids": list(m.completed_event_ids),
@@ -473,6 +486,8 @@ def chunk_metadata(message: wire.ChunkMetadata, raw: dict) -> ChunkMetadata:
         raw=raw,
         fragment_frames=message.num_frames if message.fragment_frames is None else message.fragment_frames,
         frames_ready_at=message.frames_ready_at,
+        replica_sent_at=message.replica_sent_at,
+        ingress_received_at=message.ingress_received_at,
     )
 
 

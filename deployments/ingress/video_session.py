@@ -129,6 +129,7 @@ class VideoSession(WebSocketSession):
         async for item in self.stream:
             self._last_progress = time.monotonic()
             if isinstance(item, MediaChunk):
+                received_at = time.time()
                 await self._send_chunk(
                     video.chunk_metadata(
                         self.request_id,
@@ -142,6 +143,8 @@ class VideoSession(WebSocketSession):
                         completed=list(item.completed_event_ids),
                         fragment_frames=item.num_frames,
                         frames_ready_at=item.frames_ready_at,
+                        replica_sent_at=item.sent_at,
+                        ingress_received_at=received_at,
                     ),
                     item.data,
                 )

@@ -73,9 +73,11 @@ class VideoStart(ServerMessage):
 class ChunkMetadata(ServerMessage):
     """Sent right before each binary frame. `num_frames` is what the block generated (0 on the trailer);
     `fragment_frames` (ours) is what the fragment that follows holds; `frames_ready_at` (ours) is when the
-    replica had the block's frames, in Unix seconds, so a client on the same host can time what serving adds."""
+    replica had the block's frames, in Unix seconds, so a client on the same host can time what serving adds;
+    `replica_sent_at` and `ingress_received_at` (ours) split that time: encoded (and paced) on the replica,
+    then Ray's hop to the ingress, then the ingress, Serve's proxy and the socket."""
 
-    omit_when_none = frozenset({"fragment_frames", "frames_ready_at"})
+    omit_when_none = frozenset({"fragment_frames", "frames_ready_at", "replica_sent_at", "ingress_received_at"})
 
     type: Literal["video.chunk_metadata"] = "video.chunk_metadata"
     request_id: StrictStr | None = None
@@ -89,6 +91,8 @@ class ChunkMetadata(ServerMessage):
     completed_event_ids: list[StrictStr] = Field(default_factory=list)
     fragment_frames: Count | None = Field(default=None, ge=0)
     frames_ready_at: Number | None = None
+    replica_sent_at: Number | None = None
+    ingress_received_at: Number | None = None
 
 
 class InteractionQueued(ServerMessage):

@@ -39,6 +39,7 @@ class MediaChunk:
     # Wall-clock seconds (time.time()) when the block's frames were decoded: the client's arrival time minus
     # this is what serving adds to the engine (encode, Ray, ingress, WebSocket), on one host's clock.
     frames_ready_at: float | None = None
+    sent_at: float | None = None  # time.time() when the replica yielded it (encoded, paced)
 
 
 @dataclass(frozen=True)

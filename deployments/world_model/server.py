@@ -1,9 +1,9 @@
-"""The WorldModel replica: the engine, its sessions, and one block loop per session.
+"""The WorldModel replica: the engine, its session slots and mailbox, warm-up, and one stream per session.
 
 Each session is one streaming call (`run_session`). Its first item says whether
 the replica took it and carries the replica's mailbox, through which every
-later control message arrives. The loop between blocks: read the mailbox, start
-the next block, encode the last one while the next one denoises, send it.
+later control message arrives; the block loop itself is the scheduler's
+(scheduler.py).
 """
 
 from __future__ import annotations
@@ -13,36 +13,18 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import ray
 
 from deployments.config import AppConfig
 from deployments.contract.session_spec import SessionSpec
-from deployments.generation.interactions import InteractionRefused
 from deployments.observability.metrics import ReplicaMetrics
 from deployments.sessions.slots import SessionSlots
-from deployments.world_model.messages import (
-    Interact,
-    InteractionFailed,
-    MediaChunk,
-    Playback,
-    SessionAccepted,
-    SessionEnded,
-    SessionRefused,
-    Stop,
-    Trailer,
-)
-from deployments.world_model.batcher import Batcher
-from deployments.world_model.flow import ClientWindow, FlowSettings
-from deployments.world_model.pacing import MediaClock
+from deployments.world_model.flow import FlowSettings
+from deployments.world_model.messages import SessionAccepted, SessionRefused
+from deployments.world_model.scheduler import PIPELINE_DEPTH, Scheduler, SchedulerSettings
 
 logger = logging.getLogger("ray.serve")
-
-# Block k+1 starts before chunk k is encoded and sent, so an interaction sent on
-# receiving chunk k first shapes block k+2: the client sees a one-block pipeline.
-PIPELINE_DEPTH = 1
-FLOW_POLL_S = 0.25  # how often a session held back by flow control looks for the client's reports
 
 
 class WorldModelServer:
@@ -73,8 +55,6 @@ class WorldModelServer:
         # bench/serving.py, bench/pipelining.py).
         overlap = config.decode_beside_next_block
         self.overlap_decode = self.host.info()["device"].startswith("cuda") if overlap is None else overlap
-        self.blocks = Batcher(lambda ids: self.host.generate_many(ids, decode=not self.overlap_decode), config.max_batch_sessions)
-        self.decodes = Batcher(self.host.decode_many, config.max_batch_sessions)
         self.mailbox = MailboxActor.remote()
         try:
             self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -82,6 +62,9 @@ class WorldModelServer:
             self.replica_id = "local"
         self.metrics = ReplicaMetrics("video")
         self.slots = SessionSlots(self.capacity, on_change=self.metrics.slots)
+        flow = FlowSettings(config.max_media_ahead_s, config.client_stalled_timeout_s)
+        self.scheduler = Scheduler(self.host, self.mailbox, self.metrics, SchedulerSettings(
+            config.max_batch_sessions, self.overlap_decode, config.max_session_seconds, flow))
         self.warm_up: dict = {"blocks": 0, "seconds": None, "error": None}
         self._warming: asyncio.Future | None = None
         try:
@@ -178,7 +161,7 @@ class WorldModelServer:
             "footprint_bytes": self.footprint.total,
             "node_id": ray.get_runtime_context().get_node_id(),
             "ranks": await self.host.ranks(),
-            "batching": {"blocks": self.blocks.stats(), "decodes": self.decodes.stats()},
+            "batching": self.scheduler.stats(),
             "warm_up": dict(self.warm_up),
         }
 
@@ -191,69 +174,13 @@ class WorldModelServer:
         try:
             await self.host.open(request, request.session_id)
             try:
-                return [(await self.blocks.submit(request.session_id)).latents for _ in range(blocks)]
+                return [(await self.scheduler.blocks.submit(request.session_id)).latents for _ in range(blocks)]
             finally:
                 await self.host.close(request.session_id)
         finally:
             self.slots.release(request.session_id)
 
     # -- one session -----------------------------------------------------------
-    async def _next_block(self, sid: str, request: SessionSpec, deadline: float, done: int, window: ClientWindow, sent_s: float) -> "_Step":
-        """Apply the mailbox at this boundary, then start the next block in a worker thread (or say why not).
-
-        While the client is too far behind (flow.py), wait here for its playback reports instead.
-        """
-        failures: list[InteractionFailed] = []
-        if request.num_blocks is not None and done >= request.num_blocks:
-            return _Step(None, failures, "complete")
-        playback = None
-        wait_s = 0.0
-        while True:
-            if wait_s:
-                delivery = await self.mailbox.wait_take.remote(sid, wait_s)
-            else:
-                delivery = await self.mailbox.take.remote(sid)
-            stop = False
-            for message in delivery.messages:
-                if isinstance(message, Stop):
-                    stop = True
-                elif isinstance(message, Playback):
-                    playback = message.position_seconds
-                    window.observe_playback(playback)
-                elif isinstance(message, Interact):
-                    failures.extend(await self._apply(sid, (message.interaction,)))
-            if stop:
-                return _Step(None, failures, "stopped", playback)
-            if delivery.lease_expired:
-                logger.warning("session %s: lease expired, dropping it", sid)
-                return _Step(None, failures, "lease_expired")
-            if time.monotonic() > deadline:
-                return _Step(None, failures, "max_length")
-            if window.may_generate(sent_s):
-                return _Step(asyncio.ensure_future(self._timed_block(sid)), failures, playback=playback)
-            if window.too_slow():
-                logger.warning("session %s: the client stopped taking chunks, dropping it", sid)
-                return _Step(None, failures, "client_too_slow", playback)
-            wait_s = FLOW_POLL_S
-
-    async def _apply(self, sid: str, interactions) -> list[InteractionFailed]:
-        """Submit interactions to the session's engine; the refused ones, as failures to send."""
-        failures = []
-        for interaction in interactions:
-            try:
-                await self.host.submit(sid, interaction)
-                self.metrics.interaction("applied")
-            except InteractionRefused as exc:
-                self.metrics.interaction("failed")
-                failures.append(InteractionFailed(interaction.event_id, str(exc)))
-        return failures
-
-    async def _timed_block(self, sid: str):
-        began = time.perf_counter()
-        block = await self.blocks.submit(sid)
-        self.metrics.block(time.perf_counter() - began, block.metadata.num_frames)
-        return block
-
     async def run_session(self, request: SessionSpec) -> AsyncIterator[object]:
         sid = request.session_id
         await self._warmed()  # a replica Serve routes to before its warm-up ended (a new one, scaling up)
@@ -262,9 +189,8 @@ class WorldModelServer:
             self.metrics.session_start("over_capacity")
             yield SessionRefused("over_capacity", "no free session slot on this replica", self.config.retry_after_s)
             return
-        began = time.monotonic()
+        run = self.scheduler.new_run(request)
         opened = False
-        encoder = generating = decoding = None
         try:
             await self.mailbox.open.remote(sid, self.config.lease_timeout_s)
             try:
@@ -276,81 +202,12 @@ class WorldModelServer:
                 return
             self.metrics.session_start("accepted")
             yield SessionAccepted(sid, self.replica_id, seed, self.mailbox)
-            for failure in await self._apply(sid, request.interactions):
+            for failure in await self.scheduler.apply(sid, request.interactions):
                 yield failure
-
-            from deployments.media.fmp4 import AsyncFragmentEncoder
-
-            encoder = AsyncFragmentEncoder(request.width, request.height, request.fps, options=dict(request.codec_options))
-            deadline = time.monotonic() + self.config.max_session_seconds
-            clock = MediaClock(request.pacing) if request.pacing is not None else None
-            blocks = frames = sent_frames = 0
-            window = ClientWindow(FlowSettings(self.config.max_media_ahead_s, self.config.client_stalled_timeout_s))
-            step = await self._next_block(sid, request, deadline, blocks, window, 0.0)
-            generating = step.future
-            while generating is not None:
-                for failure in step.failures:
-                    yield failure
-                # Shielded: a cancelled stream must not orphan the engine thread that holds the session.
-                block = await asyncio.shield(generating)
-                blocks += 1
-                frames += block.metadata.num_frames
-                # Start the next block before encoding this one: encoding runs beside the denoising.
-                # Flow control counts media already sent: the block just made is sent right after, whatever
-                # the client does, so a client waiting for it is never held up by it.
-                step = await self._next_block(sid, request, deadline, blocks, window, sent_frames / request.fps)
-                generating = step.future
-                # Decode and encode run beside the next block's denoising (the VAE state is the session's own);
-                # shielded like the block, so a cancelled stream never closes a session mid-decode.
-                if self.overlap_decode:
-                    decoding = asyncio.ensure_future(self.decodes.submit(sid))
-                    decoded = await asyncio.shield(decoding)
-                else:
-                    decoded = block.frames
-                frames_ready_at = time.time()
-                piece = await encoder.encode(decoded)
-                if clock is not None:
-                    if step.playback is not None:
-                        clock.observe_playback(step.playback)
-                    await asyncio.sleep(clock.delay(sent_frames / request.fps))
-                sent_frames += piece.num_frames
-                meta = block.metadata
-                if meta.block_index == 0:
-                    self.metrics.first_chunk(time.monotonic() - began)
-                window.chunk_sent()
-                yield MediaChunk(
-                    piece.data,
-                    piece.num_frames,
-                    meta.block_index,
-                    meta.num_frames,
-                    meta.started_event_ids,
-                    meta.active_event_ids,
-                    meta.completed_event_ids,
-                    frames_ready_at,
-                )
-            for failure in step.failures:
-                yield failure
-            reason = step.reason
-            logger.info("session %s ended: %s after %d blocks", sid, reason, blocks)
-            if reason == "lease_expired":
-                return
-            if reason == "client_too_slow":
-                yield SessionEnded(stopped=False, reason=reason, blocks=blocks, frames=frames)
-                return
-            tail = await encoder.close()
-            yield Trailer(tail.data, tail.num_frames)
-            yield SessionEnded(stopped=reason == "stopped", reason=reason, blocks=blocks, frames=frames)
+            async for message in self.scheduler.run(run):
+                yield message
         finally:
-            if generating is not None and not generating.done():
-                # The engine still holds the session's tensors: stop it at its next step, then wait.
-                self.host.cancel(sid)
-                await asyncio.wait([generating])
-                generating.exception()  # retrieved: SessionCancelled is the expected outcome
-            if decoding is not None and not decoding.done():
-                await asyncio.wait([decoding])
-                decoding.exception()
-            if encoder is not None:
-                encoder.shutdown()
+            await self.scheduler.release(run)
             try:
                 if opened:
                     await self.host.close(sid)  # a second cancellation may end this wait, never the close
@@ -360,14 +217,6 @@ class WorldModelServer:
                     self.mailbox.close.remote(sid)
                 except Exception:  # the replica is going down; the mailbox goes with it
                     pass
-
-
-@dataclass
-class _Step:
-    future: asyncio.Future | None
-    failures: list[InteractionFailed]
-    reason: str = "complete"
-    playback: float | None = None  # the client's latest reported playback position
 
 
 def _raised(outcomes: dict) -> dict:
