@@ -166,7 +166,7 @@ class Scheduler:
         """
         failures: list[InteractionFailed] = []
         if run.spec.num_blocks is not None and run.blocks >= run.spec.num_blocks:
-            return self._began(run, Boundary(None, failures, "complete"))
+            return Boundary(None, failures, "complete")
         playback = None
         wait_s = 0.0
         while True:
@@ -181,23 +181,20 @@ class Scheduler:
                 elif isinstance(message, Interact):
                     failures.extend(await self.apply(run.sid, (message.interaction,)))
             if stop:
-                return self._began(run, Boundary(None, failures, "stopped", playback))
+                return Boundary(None, failures, "stopped", playback)
             if delivery.lease_expired:
                 logger.warning("session %s: lease expired, dropping it", run.sid)
-                return self._began(run, Boundary(None, failures, "lease_expired"))
+                return Boundary(None, failures, "lease_expired")
             if time.monotonic() > run.deadline:
-                return self._began(run, Boundary(None, failures, "max_length"))
+                return Boundary(None, failures, "max_length")
             if run.window.may_generate(run.sent_seconds):
-                return self._began(run, Boundary(asyncio.ensure_future(self._timed_block(run.sid)), failures, playback=playback))
+                # Kept on the run at once: teardown stops and waits for a block still running.
+                run.generating = asyncio.ensure_future(self._timed_block(run.sid))
+                return Boundary(run.generating, failures, playback=playback)
             if run.window.too_slow():
                 logger.warning("session %s: the client stopped taking chunks, dropping it", run.sid)
-                return self._began(run, Boundary(None, failures, "client_too_slow", playback))
+                return Boundary(None, failures, "client_too_slow", playback)
             wait_s = FLOW_POLL_S
-
-    @staticmethod
-    def _began(run: SessionRun, boundary: Boundary) -> Boundary:
-        run.generating = boundary.block  # teardown stops and waits for a block still running
-        return boundary
 
     async def apply(self, sid: str, interactions) -> list[InteractionFailed]:
         """Submit interactions to the session's engine; the refused ones, as failures to send."""
