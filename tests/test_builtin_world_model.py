@@ -151,9 +151,6 @@ def test_text_to_video_opens_on_the_renderers_view(openings, prompt: str) -> Non
     assert min(text["psnr_db"][:2]) >= 18.0, text  # random weights: about 12-13 dB (the image-to-video test)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14: text-to-video first blocks are still softer than image-to-video from a rendered frame "
-                                       "(thirteenth session: plaza 23.1 against 24.5 dB, sharpness 0.30 against 0.41, 80 % asked; snow 25.5 dB, "
-                                       "0.32; README, 'The built-in world model')")
 def test_text_to_video_opens_as_sharp_as_from_a_rendered_frame(openings) -> None:
     """The first block made from the prompt alone has the landmarks and texture the same model keeps when
     it is given the renderer's frame: not a soft colour field."""
