@@ -2,7 +2,9 @@
 
 import asyncio
 
+from deployments.sessions.inbox import Inbox
 from deployments.sessions.mailbox import CLOSED_IDS_KEPT, STALE_AFTER_LEASES, Mailbox
+from local_actor import LocalActor
 
 
 def test_posts_arrive_in_order_and_a_closed_session_takes_no_more():
@@ -65,3 +67,39 @@ def test_a_box_long_past_its_lease_is_dropped_even_without_its_close(monkeypatch
     now[0] += 1.0
     assert box.sessions() == ["alive"]
     assert box.take("lost").lease_expired and not box.post("lost", "late")
+
+
+def test_the_inbox_reads_ahead_what_is_posted_and_notices_an_expired_lease():
+    # The replica's block boundary reads the session's messages here, without a call to the actor.
+    async def scenario():
+        box = Mailbox()
+        box.open("s", lease_s=0.4)
+        inbox = Inbox(LocalActor(box), "s", poll_s=0.1)
+        inbox.start()
+        box.post("s", "left")
+        box.post("s", "right")
+        first = await inbox.wait_take(1.0)
+        quiet = inbox.take()
+        expired = await inbox.wait_take(2.0)  # nobody posts or renews: the lease runs out
+        await inbox.close()
+        return first, quiet, expired
+
+    first, quiet, expired = asyncio.run(scenario())
+    assert first.messages == ["left", "right"] and not first.lease_expired
+    assert quiet.messages == [] and not quiet.lease_expired
+    assert expired.lease_expired
+
+
+def test_an_inbox_whose_mailbox_is_gone_ends_its_session():
+    class Gone:
+        def wait_take(self, *args):
+            raise ConnectionError("actor died")
+
+    async def scenario():
+        inbox = Inbox(LocalActor(Gone()), "s", poll_s=0.1)
+        inbox.start()
+        delivery = await inbox.wait_take(1.0)
+        await inbox.close()
+        return delivery
+
+    assert asyncio.run(scenario()).lease_expired

@@ -20,6 +20,8 @@ from deployments.world_model.engine_host import EngineHost, EngineLoad, LocalExe
 from deployments.world_model.flow import FlowSettings
 from deployments.world_model.messages import Interact, InteractionFailed, MediaChunk, SessionEnded, Stop, Trailer
 from deployments.world_model.scheduler import Scheduler, SchedulerSettings
+from local_actor import LocalActor
+
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -56,22 +58,12 @@ class Metrics:
         return lambda *args: None
 
 
-class RemoteMailbox:
+class RemoteMailbox(LocalActor):
     """The plain mailbox behind the `.remote(...)` calls the scheduler makes of the replica's actor."""
 
     def __init__(self) -> None:
-        self.box = Mailbox()
-
-    def __getattr__(self, name):
-        method = getattr(self.box, name)
-
-        class Call:
-            @staticmethod
-            async def remote(*args):
-                out = method(*args)
-                return await out if asyncio.iscoroutine(out) else out
-
-        return Call
+        super().__init__(Mailbox())
+        self.box = self.target
 
 
 @pytest.fixture(scope="module")
@@ -110,16 +102,24 @@ def spec(blocks: int | None, seed: int = 0, prompt: str = "a red room") -> Sessi
 
 def test_the_next_block_starts_before_a_chunk_leaves_and_block_zero_decodes_alone(host) -> None:
     scheduler, recorder, mailbox = make(host, overlap=True)
+    requested = []
+    request_block = scheduler.blocks.request
+
+    def spy(sid):
+        requested.append(time.perf_counter())
+        return request_block(sid)
+
+    scheduler.blocks.request = spy
     request = spec(4)
     out = asyncio.run(session(scheduler, mailbox, request))
     chunks = [(m, at) for m, at in out if isinstance(m, MediaChunk)]
     assert [m.block_index for m, _ in chunks] == [0, 1, 2, 3]
     assert isinstance(out[-2][0], Trailer) and out[-1][0] == SessionEnded(False, "complete", 4, out[-1][0].frames)
     generated, decoded = recorder.of("generate", request.session_id), recorder.of("decode", request.session_id)
-    assert len(generated) == len(decoded) == 4
-    # The pipeline the client is told of (depth 1): block k+1 has started when chunk k leaves.
+    assert len(requested) == len(generated) == len(decoded) == 4
+    # The pipeline the client is told of (depth 1): block k+1 is asked of the engine before chunk k leaves.
     for k, (_, sent_at) in enumerate(chunks[:-1]):
-        assert generated[k + 1][0] < sent_at
+        assert requested[k + 1] < sent_at
     # The first frame shares the engine with nothing: block 0 is decoded before block 1 starts...
     assert decoded[0][1] <= generated[1][0]
     # ...and later blocks decode beside the next block's denoising.

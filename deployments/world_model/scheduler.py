@@ -5,7 +5,7 @@ comes free go to it as one call, and it denoises those whose shapes match as
 one batch (continuous batching: nobody waits for a batch to fill, a lone
 session runs alone at once); the decode lane does the same for the frames of
 the blocks just made, beside the next blocks' denoising. Each session's step
-(`Scheduler.run`) reads its mailbox at the block boundary, starts its next
+(`Scheduler.run`) reads its mailbox (read ahead: sessions/inbox.py) at the block boundary, starts its next
 block before sending the last one, and ends with the reason the boundary
 gives. The session's own coroutine (the replica's `run_session`) only takes a
 slot, opens the session and passes on what this yields.
@@ -21,13 +21,14 @@ from dataclasses import dataclass
 
 from deployments.contract.session_spec import SessionSpec
 from deployments.generation.interactions import InteractionRefused
+from deployments.sessions.inbox import Inbox
 from deployments.world_model.flow import ClientWindow, FlowSettings
 from deployments.world_model.messages import Interact, InteractionFailed, MediaChunk, Playback, SessionEnded, Stop, Trailer
 from deployments.world_model.pacing import MediaClock
 
 logger = logging.getLogger("ray.serve")
 
-# Block k+1 starts before chunk k is encoded and sent, so an interaction sent on
+# Block k+1 starts before chunk k is sent, so an interaction sent on
 # receiving chunk k first shapes block k+2: the client sees a one-block pipeline.
 PIPELINE_DEPTH = 1
 FLOW_POLL_S = 0.25  # how often a session held back by flow control looks for the client's reports
@@ -45,8 +46,8 @@ class Lane:
         self.calls = 0  # for stats: how many calls, and how many session requests they carried
         self.requests = 0
 
-    async def submit(self, session_id: str):
-        """This session's result (or its exception); one request per session at a time."""
+    def request(self, session_id: str) -> asyncio.Future:
+        """Queue this session's request now (one per session at a time); the future gets its result or exception."""
         if session_id in self._pending:
             raise RuntimeError(f"session {session_id} already has a request pending")
         future = asyncio.get_running_loop().create_future()
@@ -54,8 +55,12 @@ class Lane:
         self._wakeup.set()
         if self._runner is None or self._runner.done():
             self._runner = asyncio.create_task(self._run())
+        return future
+
+    async def submit(self, session_id: str):
+        """This session's result (or its exception)."""
         # Shielded: the call carries this session either way, and its outcome must still be collected.
-        return await asyncio.shield(future)
+        return await asyncio.shield(self.request(session_id))
 
     async def _run(self) -> None:
         while True:
@@ -99,6 +104,7 @@ class SessionRun:
 
     sid: str
     spec: SessionSpec
+    inbox: Inbox  # its mailbox, read ahead
     window: ClientWindow
     clock: MediaClock | None
     deadline: float  # time.monotonic() past which the session ends with max_length
@@ -107,8 +113,10 @@ class SessionRun:
     blocks: int = 0  # made
     frames: int = 0  # generated (the seed's count)
     sent_frames: int = 0  # muxed and sent
+    block_done_at: float = 0.0  # time.time() when the last block came back from the engine
     generating: asyncio.Future | None = None
     decoding: asyncio.Future | None = None
+    preparing: asyncio.Future | None = None  # the last block's chunk, decoding or encoding
 
     @property
     def sent_seconds(self) -> float:
@@ -121,6 +129,7 @@ class SchedulerSettings:
     overlap_decode: bool  # decode beside the next blocks (a GPU's own stream) or inside the block
     max_session_seconds: float
     flow: FlowSettings
+    mailbox_poll_s: float = 1.0  # how soon an expired lease is noticed (interactions arrive at once)
 
 
 class Scheduler:
@@ -131,7 +140,8 @@ class Scheduler:
 
     def new_run(self, spec: SessionSpec) -> SessionRun:
         now = time.monotonic()
-        return SessionRun(spec.session_id, spec, ClientWindow(self.settings.flow),
+        return SessionRun(spec.session_id, spec, Inbox(self.mailbox, spec.session_id, self.settings.mailbox_poll_s),
+                          ClientWindow(self.settings.flow),
                           MediaClock(spec.pacing) if spec.pacing is not None else None,
                           deadline=now + self.settings.max_session_seconds, began=now)
 
@@ -140,6 +150,7 @@ class Scheduler:
         from deployments.media.fmp4 import AsyncFragmentEncoder
 
         run.encoder = AsyncFragmentEncoder(run.spec.width, run.spec.height, run.spec.fps, options=dict(run.spec.codec_options))
+        run.inbox.start()
         boundary = await self.boundary(run)
         while boundary.block is not None:
             for failure in boundary.failures:
@@ -148,11 +159,15 @@ class Scheduler:
             block = await asyncio.shield(boundary.block)
             run.blocks += 1
             run.frames += block.metadata.num_frames
-            # The next block starts before this one is sent: its decode and encode run beside the denoising.
-            # Block 0's frames are decoded first, so the first frame shares the device with nothing.
-            decoded = await self.frames(run, block) if run.blocks == 1 else None
+            # The chunk is made (decoded where decodes overlap, encoded) from the moment the block is done,
+            # beside the next block on a GPU. Block 0's is made before block 1 starts, so the first frame
+            # shares the device with nothing; so is every block's where decodes stay inside the block (a
+            # CPU), as the next block would take the cores its encode needs.
+            run.preparing = asyncio.ensure_future(self.prepare(run, block))
+            if run.blocks == 1 or not self.settings.overlap_decode:
+                await asyncio.shield(run.preparing)
             boundary = await self.boundary(run)
-            yield await self.send(run, block, boundary.playback, decoded)
+            yield await self.send(run, block, boundary.playback, await asyncio.shield(run.preparing))
         for failure in boundary.failures:
             yield failure
         async for message in self.end(run, boundary.reason):
@@ -170,7 +185,7 @@ class Scheduler:
         playback = None
         wait_s = 0.0
         while True:
-            delivery = await (self.mailbox.wait_take.remote(run.sid, wait_s) if wait_s else self.mailbox.take.remote(run.sid))
+            delivery = await run.inbox.wait_take(wait_s) if wait_s else run.inbox.take()
             stop = False
             for message in delivery.messages:
                 if isinstance(message, Stop):
@@ -189,7 +204,7 @@ class Scheduler:
                 return Boundary(None, failures, "max_length")
             if run.window.may_generate(run.sent_seconds):
                 # Kept on the run at once: teardown stops and waits for a block still running.
-                run.generating = asyncio.ensure_future(self._timed_block(run.sid))
+                run.generating = asyncio.ensure_future(self._timed_block(run, self.blocks.request(run.sid)))
                 return Boundary(run.generating, failures, playback=playback)
             if run.window.too_slow():
                 logger.warning("session %s: the client stopped taking chunks, dropping it", run.sid)
@@ -208,26 +223,29 @@ class Scheduler:
                 failures.append(InteractionFailed(interaction.event_id, str(exc)))
         return failures
 
-    async def _timed_block(self, sid: str):
+    async def _timed_block(self, run: SessionRun, requested: asyncio.Future):
         began = time.perf_counter()
-        block = await self.blocks.submit(sid)
+        block = await asyncio.shield(requested)
+        run.block_done_at = time.time()
         self.metrics.block(time.perf_counter() - began, block.metadata.num_frames)
         return block
 
-    async def frames(self, run: SessionRun, block) -> tuple[object, float]:
-        """The block's frames (from the decode lane when decodes overlap the next blocks, else made with it)
-        and when they were ready (time.time(): the start of the serving overhead a client measures)."""
-        frames = block.frames
+    async def prepare(self, run: SessionRun, block) -> tuple[object, float]:
+        """The block's fMP4 piece and when its frames were ready (time.time(): the start of the serving
+        overhead a client measures). Frames come from the decode lane when decodes overlap the next blocks,
+        else with the block itself."""
         if self.settings.overlap_decode:
             # Shielded like the block, so a cancelled stream never closes a session mid-decode.
             run.decoding = asyncio.ensure_future(self.decodes.submit(run.sid))
             frames = await asyncio.shield(run.decoding)
-        return frames, time.time()
+            frames_ready_at = time.time()
+        else:
+            frames, frames_ready_at = block.frames, run.block_done_at
+        return await run.encoder.encode(frames), frames_ready_at
 
-    async def send(self, run: SessionRun, block, playback: float | None, decoded: tuple[object, float] | None = None) -> MediaChunk:
-        """The block's frames (decoded here unless given), encoded and paced, as a chunk."""
-        frames, frames_ready_at = decoded or await self.frames(run, block)
-        piece = await run.encoder.encode(frames)
+    async def send(self, run: SessionRun, block, playback: float | None, prepared: tuple[object, float]) -> MediaChunk:
+        """The block's prepared piece, paced, as a chunk."""
+        piece, frames_ready_at = prepared
         if run.clock is not None:
             if playback is not None:
                 run.clock.observe_playback(playback)
@@ -256,9 +274,11 @@ class Scheduler:
             self.host.cancel(run.sid)  # the engine stops the block at its next step
             await asyncio.wait([run.generating])
             run.generating.exception()  # retrieved: SessionCancelled is the expected outcome
-        if run.decoding is not None and not run.decoding.done():
-            await asyncio.wait([run.decoding])
-            run.decoding.exception()
+        for task in (run.decoding, run.preparing):
+            if task is not None and not task.done():
+                await asyncio.wait([task])
+                task.exception()
+        await run.inbox.close()
         if run.encoder is not None:
             run.encoder.shutdown()
 

@@ -64,7 +64,8 @@ class WorldModelServer:
         self.slots = SessionSlots(self.capacity, on_change=self.metrics.slots)
         flow = FlowSettings(config.max_media_ahead_s, config.client_stalled_timeout_s)
         self.scheduler = Scheduler(self.host, self.mailbox, self.metrics, SchedulerSettings(
-            config.max_batch_sessions, self.overlap_decode, config.max_session_seconds, flow))
+            config.max_batch_sessions, self.overlap_decode, config.max_session_seconds, flow,
+            mailbox_poll_s=min(1.0, config.lease_timeout_s / 4)))
         self.warm_up: dict = {"blocks": 0, "seconds": None, "error": None}
         self._warming: asyncio.Future | None = None
         try:
