@@ -5,9 +5,9 @@ comes free go to it as one call, and it denoises those whose shapes match as
 one batch (continuous batching: nobody waits for a batch to fill, a lone
 session runs alone at once); the decode lane does the same for the frames of
 the blocks just made, beside the next blocks' denoising. Each session's step
-(`Scheduler.run`) reads its mailbox (read ahead: sessions/inbox.py) at the block boundary, starts its next
-block before sending the last one, and ends with the reason the boundary
-gives. The session's own coroutine (the replica's `run_session`) only takes a
+(`Scheduler.run`) reads its mailbox (read ahead: sessions/inbox.py) at the
+block boundary, starts its next block before sending the last one, and ends
+with the reason the boundary gives. The session's own coroutine (the replica's `run_session`) only takes a
 slot, opens the session and passes on what this yields.
 """
 
@@ -113,7 +113,6 @@ class SessionRun:
     blocks: int = 0  # made
     frames: int = 0  # generated (the seed's count)
     sent_frames: int = 0  # muxed and sent
-    block_done_at: float = 0.0  # time.time() when the last block came back from the engine
     generating: asyncio.Future | None = None
     decoding: asyncio.Future | None = None
     preparing: asyncio.Future | None = None  # the last block's chunk, decoding or encoding
@@ -156,14 +155,14 @@ class Scheduler:
             for failure in boundary.failures:
                 yield failure
             # Shielded: a cancelled stream must not orphan the engine thread that holds the session.
-            block = await asyncio.shield(boundary.block)
+            block, block_done_at = await asyncio.shield(boundary.block)
             run.blocks += 1
             run.frames += block.metadata.num_frames
             # The chunk is made (decoded where decodes overlap, encoded) from the moment the block is done,
             # beside the next block on a GPU. Block 0's is made before block 1 starts, so the first frame
             # shares the device with nothing; so is every block's where decodes stay inside the block (a
             # CPU), as the next block would take the cores its encode needs.
-            run.preparing = asyncio.ensure_future(self.prepare(run, block))
+            run.preparing = asyncio.ensure_future(self.prepare(run, block, block_done_at))
             if run.blocks == 1 or not self.settings.overlap_decode:
                 await asyncio.shield(run.preparing)
             boundary = await self.boundary(run)
@@ -204,7 +203,7 @@ class Scheduler:
                 return Boundary(None, failures, "max_length")
             if run.window.may_generate(run.sent_seconds):
                 # Kept on the run at once: teardown stops and waits for a block still running.
-                run.generating = asyncio.ensure_future(self._timed_block(run, self.blocks.request(run.sid)))
+                run.generating = asyncio.ensure_future(self._timed_block(self.blocks.request(run.sid)))
                 return Boundary(run.generating, failures, playback=playback)
             if run.window.too_slow():
                 logger.warning("session %s: the client stopped taking chunks, dropping it", run.sid)
@@ -223,14 +222,15 @@ class Scheduler:
                 failures.append(InteractionFailed(interaction.event_id, str(exc)))
         return failures
 
-    async def _timed_block(self, run: SessionRun, requested: asyncio.Future):
+    async def _timed_block(self, requested: asyncio.Future) -> tuple[object, float]:
+        """The block, and when it came back from the engine (time.time())."""
         began = time.perf_counter()
         block = await asyncio.shield(requested)
-        run.block_done_at = time.time()
+        done_at = time.time()
         self.metrics.block(time.perf_counter() - began, block.metadata.num_frames)
-        return block
+        return block, done_at
 
-    async def prepare(self, run: SessionRun, block) -> tuple[object, float]:
+    async def prepare(self, run: SessionRun, block, block_done_at: float) -> tuple[object, float]:
         """The block's fMP4 piece and when its frames were ready (time.time(): the start of the serving
         overhead a client measures). Frames come from the decode lane when decodes overlap the next blocks,
         else with the block itself."""
@@ -240,7 +240,7 @@ class Scheduler:
             frames = await asyncio.shield(run.decoding)
             frames_ready_at = time.time()
         else:
-            frames, frames_ready_at = block.frames, run.block_done_at
+            frames, frames_ready_at = block.frames, block_done_at
         return await run.encoder.encode(frames), frames_ready_at
 
     async def send(self, run: SessionRun, block, playback: float | None, prepared: tuple[object, float]) -> MediaChunk:
