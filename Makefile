@@ -25,9 +25,10 @@ $(MODELS)/.built: | $(VENV)/.installed
 
 models: $(MODELS)/.built
 
-# The whole app on the tiny built-in models (built into $(MODELS)/ on first start).
+# The whole app on the tiny built-in models (built into $(MODELS)/ on first start), `serve run` behind
+# HAProxy with direct ingress where the binary exists (deployments/fast_ingress.py; RTV_INGRESS=proxy: Serve's proxy).
 serve: setup
-	$(VENV)/bin/serve run serve_config.yaml
+	$(PY) -m deployments.fast_ingress serve_config.yaml
 
 rollout: setup models
 	$(PY) -m clients.cli rollout --model $(MODELS)/world-model \
