@@ -105,6 +105,9 @@ def launched(tmp_path_factory):
 def test_haproxy_holds_the_port_and_names_the_path_it_took(launched) -> None:
     assert _listener(launched["port"]) == "haproxy"
     assert "ingress: direct, behind HAProxy" in launched["log"].read_text()
+    for page in ("/", "/chat"):  # the browser pages come through it too
+        with urllib.request.urlopen(f"http://127.0.0.1:{launched['port']}{page}", timeout=30) as response:
+            assert response.status == 200 and b"<html" in response.read().lower()
 
 
 def test_a_video_session_streams_through_haproxy_with_its_serving_stamps(launched) -> None:
