@@ -1,9 +1,11 @@
 """The served path for benchmarks: the app on a local Ray + Serve, and timed WebSocket sessions against it.
 
 `served_app` does what `serve run serve_config.yaml` does (build the app from
-an `AppConfig`, `serve.run` it behind Serve's HTTP proxy), in this process so
-the benchmark controls the port, the torch threads and the teardown. Given a
-`url` it starts nothing and uses that server (tests share their own Ray).
+an `AppConfig`, `serve.run` it behind Serve's HTTP proxy, or with `ingress`
+"haproxy" as `make serve` runs it: direct ingress behind HAProxy), in this
+process so the benchmark controls the port, the torch threads and the
+teardown. Given a `url` it starts nothing and uses that server (tests share
+their own Ray).
 """
 
 from __future__ import annotations
@@ -44,12 +46,20 @@ def _free_port() -> int:
 
 
 @contextmanager
-def served_app(world_model: Path, torch_threads: int, max_sessions: int = 8, url: str | None = None, extra_args: dict | None = None) -> Iterator[str]:
-    """Yield the ws:// base URL of the app; start (and afterwards stop) Ray + Serve unless `url` is given."""
+def served_app(world_model: Path, torch_threads: int, max_sessions: int = 8, url: str | None = None, extra_args: dict | None = None,
+               ingress: str = "proxy") -> Iterator[str]:
+    """Yield the ws:// base URL of the app; start (and afterwards stop) Ray + Serve unless `url` is given.
+    `ingress`: "proxy" (Serve's Python proxy) or "haproxy" (as `make serve`; the proxy where no binary exists)."""
     if url:
         yield url
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the replicas inherit it: nothing is ever downloaded
+    from deployments.fast_ingress import CHOICE, serve_environment
+
+    # Serve reads its ingress flags when Ray starts its processes, from this process's environment.
+    env, line = serve_environment({**os.environ, CHOICE: ingress})
+    os.environ.update(env)
+    common.log(f"served_app: {line}")
     import ray
     from ray import serve
 

@@ -30,6 +30,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--size", type=common.parse_size, default=(64, 64), help="WxH")
     parser.add_argument("--fps", type=int, default=16)
     parser.add_argument("--url", help="use this running server (ws://host:port) instead of starting one")
+    parser.add_argument("--ingress", choices=("haproxy", "proxy"), default="haproxy",
+                        help="the server it starts: as `make serve` (direct ingress behind HAProxy) or behind Serve's proxy")
 
 
 def run(args) -> dict:
@@ -39,7 +41,7 @@ def run(args) -> dict:
     engine = load_engine(model)
     engine_runs, served_runs, replica_runs = [], [], []
 
-    with served_app(model, threads, url=args.url) as url:
+    with served_app(model, threads, url=args.url, ingress=args.ingress) as url:
         def in_process(r: int) -> None:
             engine_runs.append((r, run_session(engine, session_config(size, seed=r), args.blocks, args.fps)))
 
@@ -77,6 +79,7 @@ def run(args) -> dict:
     return {
         "results": {
             "torch_threads": threads,
+            "ingress": "given url" if args.url else args.ingress,
             "engine_block": common.ms_stats(block_s),
             "engine_encode": common.ms_stats([e for _, run in engine_runs for e in run.encode_s[1:]]),
             "served_interval": common.ms_stats(interval_s),
@@ -86,7 +89,7 @@ def run(args) -> dict:
             "engine_block_with_block0": common.ms_stats([sum(run.block_s) / len(run.block_s) for _, run in engine_runs]),
             "chunk_overhead": overhead,
             # chunk_overhead by stage, same stamps: encode (and pacing) on the replica, Ray's hop to the
-            # ingress, then the ingress, Serve's proxy and the socket.
+            # ingress, then the ingress, HAProxy or Serve's proxy, and the socket.
             "chunk_overhead_stages": stages,
             "interval_overhead": common.ms_stats(interval_overhead),
             "engine_first_chunk": common.ms_stats(engine_first),
