@@ -24,8 +24,6 @@ from deployments.training.omni_data import (
 
 
 HELD_OUT_CLIP = 1_000_777  # above HELD_OUT_SEED: never trained on
-XFAIL_SIGHT = ("issue 18: the shipped thinker reads the tone (100 % held out) but not yet the picture well enough: "
-               "biome 0.88, turns 0.39 on the held-out clips of its training run; strict, so a model that gets it right fails here until the mark goes")
 
 
 def clip_with(motion: str, frames: int = 8, start: int = 0) -> tuple[int, Clip]:
@@ -109,13 +107,16 @@ def test_a_training_example_is_the_served_prompt_with_the_answer_as_its_only_lab
 def test_train_omni_smoke_writes_weights_that_install_and_answer(tmp_path) -> None:
     from clients.cli import main
     from deployments.models.builtin_omni_model import install_builtin_omni
+    from deployments.training.omni_motion import has_motion_sensor
     from deployments.understanding.engine import UnderstandingEngine
 
     out = tmp_path / "weights"
-    assert main(["train-omni", str(out), "--work", str(tmp_path / "work"), "--smoke", "--threads", "1"]) == 0
+    assert main(["train-omni", str(out), "--work", str(tmp_path / "work"), "--smoke", "--threads", "1", "--motion-sensor"]) == 0
     assert (out / "thinker.safetensors").is_file() and (out / "eval.json").is_file()
     assert main(["train-omni", str(out), "--work", str(tmp_path / "work"), "--steps", "0"]) == 2
+    assert main(["train-omni", str(out), "--work", str(tmp_path / "work"), "--kind-weights", "0", "0", "0", "0"]) == 2
     engine = UnderstandingEngine.from_pretrained(install_builtin_omni(tmp_path / "omni", out))
+    assert has_motion_sensor(engine.model)  # set, kept through training, shipped in fp16 and loaded as a checkpoint
     clip = render_clip(2, frames=4)
     assert isinstance(engine.answer(list(clip.frames), None, "Where are we?", fps=FPS, max_new_tokens=4), str)
 
@@ -148,7 +149,6 @@ def test_the_shipped_thinker_hears_the_tone_on_held_out_clips(held_out_report) -
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=True, reason=XFAIL_SIGHT)
 def test_the_shipped_thinker_sees_where_and_which_way_on_held_out_clips(held_out_report) -> None:
     accuracy = held_out_report["accuracy"]
     assert accuracy["biome"] >= 0.9 and accuracy["turn"] >= 0.9, held_out_report
@@ -192,7 +192,6 @@ def test_the_thinker_names_the_biome_of_the_world_models_own_video(world_video) 
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=True, reason=XFAIL_SIGHT)
 def test_the_thinker_says_which_way_the_world_models_own_video_turns(world_video) -> None:
     assert (world_video["l"][1], world_video["j"][1]) == ("right", "left")
 

@@ -13,7 +13,6 @@ import asyncio
 import numpy as np
 import pytest
 from conftest import app_args, deployed
-from test_omni import XFAIL_SIGHT
 
 from clients.sdk.chat import ChatStreamClient
 from deployments.models.builtin_omni_model import weights_available
@@ -84,7 +83,6 @@ def test_served_answers_name_the_tone_on_held_out_clips(served_accuracy) -> None
     assert served_accuracy["tone"] >= 0.9, served_accuracy
 
 
-@pytest.mark.xfail(strict=True, reason=XFAIL_SIGHT)
 def test_served_answers_name_where_and_which_way_on_held_out_clips(served_accuracy) -> None:
     assert served_accuracy["biome"] >= 0.9 and served_accuracy["turn"] >= 0.9, served_accuracy
 

@@ -23,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clips", type=int, help="clips to render and train on (default: 1600)")
     parser.add_argument("--eval-clips", type=int, help="held-out clips each evaluation asks every question about (default: 60)")
     parser.add_argument("--init-from", metavar="DIR", help="go on from shipped weights (e.g. deployments/models/weights/omni)")
+    parser.add_argument("--motion-sensor", action="store_true",
+                        help="give the thinker the hand-made motion sensor (deployments/training/omni_motion.py): set into the "
+                             "weights unless --init-from ones hold it, and kept fixed while the rest trains")
+    parser.add_argument("--kind-weights", type=float, nargs=4, metavar=("BIOME", "MOTION", "TONE", "CHANGE"),
+                        help="how often each question kind is asked (default: 1 2 1 1)")
     parser.add_argument("--workers", type=int, help="rendering processes (default: 2)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
     parser.add_argument("--smoke", action="store_true", help="a few steps on a few clips")
@@ -54,6 +59,12 @@ def main(args: argparse.Namespace) -> int:
             print(f"rtv train-omni: --lr must be between 0 and 1, not {args.lr}", file=sys.stderr)
             return 2
         config = replace(config, lr=args.lr, min_lr=min(config.min_lr, args.lr / 10))
+    if args.kind_weights is not None:
+        if min(args.kind_weights) < 0 or sum(args.kind_weights) <= 0:
+            print(f"rtv train-omni: --kind-weights must be non-negative with a positive sum, not {args.kind_weights}", file=sys.stderr)
+            return 2
+        config = replace(config, kind_weights=tuple(args.kind_weights))
+    config = replace(config, motion_sensor=args.motion_sensor)
     if args.init_from is not None and not weights_available(args.init_from):
         print(f"rtv train-omni: --init-from {args.init_from} holds no shipped thinker (thinker.safetensors)", file=sys.stderr)
         return 2

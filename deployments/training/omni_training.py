@@ -25,9 +25,10 @@ import torch
 
 from deployments.training.files import torch_save_atomic
 from deployments.training.lr_schedule import warmup_cosine
-from deployments.training.omni_data import FPS, KINDS, TURNS, Clip, answer, as_sent, draw_sound, question, render_clip
+from deployments.training.omni_data import FPS, KINDS, QUESTIONS, TURNS, Clip, answer, as_sent, draw_sound, question, render_clip
 
 HELD_OUT_SEED = 1_000_000  # evaluation clips come from seeds at and above this one; training from below
+SENSOR_CALIBRATION_CLIPS = 64  # the first training clips, on which the motion sensor's scales are measured
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ class OmniTraining:
     eval_every: int = 500
     checkpoint_every: int = 250
     workers: int = 2
+    # The thinker has the motion sensor (deployments/training/omni_motion.py): set into the weights before the
+    # first step unless they already hold it, and kept as set while the rest trains.
+    motion_sensor: bool = False
 
     def smoke(self) -> "OmniTraining":
         return OmniTraining(steps=3, batch=2, warmup=1, clips=4, eval_clips=2, eval_every=3, checkpoint_every=3, workers=1)
@@ -68,6 +72,15 @@ def example(engine, frames: np.ndarray, audio, text: str, reply: str):
     labels = torch.full_like(inputs["input_ids"], -100)
     labels[:, -ids.shape[1] :] = ids
     return inputs, labels
+
+
+def install_sensor(engine, clips: list[Clip]) -> None:
+    """The motion sensor, scaled on `clips` as the processor gives them to the thinker."""
+    from deployments.training.omni_motion import install_motion_sensor
+
+    inputs = [engine.build_inputs(list(clip.frames), None, QUESTIONS["motion"][0], fps=FPS) for clip in clips]
+    install_motion_sensor(engine.model, torch.cat([i["pixel_values_videos"] for i in inputs]),
+                          torch.cat([i["video_grid_thw"] for i in inputs]))
 
 
 def evaluate(engine, clips: list[Clip], seed: int = 0) -> dict:
@@ -122,9 +135,16 @@ def train_omni(work: Path, config: OmniTraining = OmniTraining(), *, seed: int =
         log({"stage": "render", "clips": len(clips), "seconds": round(time.time() - began, 1)})
     held_out = render_clips(list(range(HELD_OUT_SEED, HELD_OUT_SEED + config.eval_clips)), config.workers)
 
+    checkpoint = work / "checkpoint.pt"
+    if config.motion_sensor:
+        from deployments.training.omni_motion import freeze_motion_sensor, has_motion_sensor
+
+        if not checkpoint.is_file() and not has_motion_sensor(model):
+            install_sensor(engine, clips[:SENSOR_CALIBRATION_CLIPS])
+            log({"stage": "motion_sensor", "calibration_clips": min(len(clips), SENSOR_CALIBRATION_CLIPS)})
+        freeze_motion_sensor(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
     start = 0
-    checkpoint = work / "checkpoint.pt"
     if checkpoint.is_file():
         state = torch.load(checkpoint, weights_only=False)
         model.load_state_dict(state["model"])
