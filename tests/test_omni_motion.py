@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from deployments.training.omni_data import FPS, TURNS, render_clip
-from deployments.training.omni_motion import SENSOR_CHANNELS, freeze_motion_sensor, install_motion_sensor, motion_readings
+from deployments.training.omni_motion import SENSOR_CHANNELS, freeze_motion_sensor, motion_readings
+from deployments.training.omni_training import install_sensor
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +31,10 @@ def thinker():
     while min(len(v) for v in turns.values()) < 4:
         clip = render_clip(seed, frames=6, change=0.0)
         if clip.motion in turns and len(turns[clip.motion]) < 4:
-            turns[clip.motion].append(view(clip))
+            turns[clip.motion].append(clip)
         seed += 1
-    calibration = [v for views in turns.values() for v in views[:2]]
-    install_motion_sensor(model, torch.cat([rows for rows, _ in calibration]), torch.cat([grid for _, grid in calibration]))
-    return model, {name: views[2:] for name, views in turns.items()}, calibration
+    install_sensor(engine, [clip for clips in turns.values() for clip in clips[:2]])  # as rtv train-omni sets it
+    return model, {name: [view(clip) for clip in clips[2:]] for name, clips in turns.items()}, view(turns["left"][0])
 
 
 def test_the_video_tokens_say_which_way_the_picture_turns(thinker) -> None:
@@ -52,7 +52,7 @@ def test_training_leaves_the_sensor_as_set_and_moves_the_rest(thinker) -> None:
     handles = freeze_motion_sensor(model)
     try:
         optimizer = torch.optim.Adam(visual.parameters(), lr=1e-2)
-        rows, grid = calibration[0]
+        rows, grid = calibration
         for _ in range(2):
             loss = visual(rows, grid_thw=grid).pooler_output.pow(2).mean()
             optimizer.zero_grad()

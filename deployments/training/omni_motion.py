@@ -40,6 +40,14 @@ SENSOR_UNITS = 4
 MOTION_SHARE = 0.5
 
 
+def _layout(visual) -> tuple[slice, slice, range]:
+    """Where the sensor sits in a vision tower: its residual channels, its first-block MLP units, its merger units."""
+    width = visual.patch_embed.proj.out_channels
+    hidden = visual.blocks[0].mlp.gate_proj.out_features
+    merged = visual.merger.mlp[0].out_features
+    return slice(width - SENSOR_CHANNELS, width), slice(hidden - SENSOR_UNITS, hidden), range(merged - SENSOR_UNITS, merged)
+
+
 def _filters(patch: int, temporal: int) -> torch.Tensor:
     """(3, C=3, T, P, P): the change, the x slope and the y slope of a patch's grey level."""
     change = torch.zeros(3, temporal, patch, patch)
@@ -58,10 +66,10 @@ def install_motion_sensor(model: torch.nn.Module, pixel_rows: torch.Tensor, grid
     visual = _visual(model)
     embed = visual.patch_embed.proj
     width = embed.out_channels
-    change, x_slope, y_slope, x_motion, y_motion = range(width - SENSOR_CHANNELS, width)
-    sensor = slice(width - SENSOR_CHANNELS, width)
-    units = slice(visual.blocks[0].mlp.gate_proj.out_features - SENSOR_UNITS, None)
+    sensor, units, merged_units = _layout(visual)
+    change, x_slope, y_slope, x_motion, y_motion = range(sensor.start, sensor.stop)
     dtype = embed.weight.dtype
+    rows = pixel_rows.to(dtype)
 
     # Nothing that read or wrote these channels keeps doing so: they mean something new now.
     for block in visual.blocks:
@@ -82,9 +90,9 @@ def install_motion_sensor(model: torch.nn.Module, pixel_rows: torch.Tensor, grid
     t, p = embed.kernel_size[0], embed.kernel_size[1]
     filters = _filters(p, t).to(dtype)
     embed.weight[sensor] = 0
-    typical = (pixel_rows.to(dtype) @ embed.weight.reshape(width, -1)[: sensor.start].T).std(0).median()
+    typical = (rows @ embed.weight.reshape(width, -1)[: sensor.start].T).std(0).median()
     for channel, f in zip((change, x_slope, y_slope), filters):
-        response = pixel_rows.to(dtype) @ f.reshape(-1)
+        response = rows @ f.reshape(-1)
         embed.weight[channel] = f * (typical / response.std().clamp_min(1e-6))
 
     # The first block's MLP: x motion = change * x slope, y motion = change * y slope.
@@ -101,7 +109,7 @@ def install_motion_sensor(model: torch.nn.Module, pixel_rows: torch.Tensor, grid
         mlp.down_proj.weight[out, unit] = sign
 
     # Scale the products to the tower's typical size, measured after the first block.
-    first = _output_of(visual.blocks[0], visual, pixel_rows.to(dtype), grid_thw)
+    first = _output_of(visual.blocks[0], visual, rows, grid_thw)
     for out, unit_pair in ((x_motion, (units.start, units.start + 1)), (y_motion, (units.start + 2, units.start + 3))):
         size = first[:, out].std().clamp_min(1e-6)
         for unit in unit_pair:
@@ -111,7 +119,6 @@ def install_motion_sensor(model: torch.nn.Module, pixel_rows: torch.Tensor, grid
     # video token along a fixed direction that spans all the token's channels. Spread, not in a channel of its
     # own, so every weight of the language model that reads a video token sees some of it, and the features
     # the merger made before stay as they were.
-    merged_units = _merged_units(merger)
     directions = token_directions(merger.mlp[2].out_features, dtype)
     for unit, (source, direction, sign) in zip(merged_units, ((x_motion, 0, 1), (x_motion, 0, -1), (y_motion, 1, 1), (y_motion, 1, -1))):
         merger.mlp[0].weight[unit] = 0
@@ -119,8 +126,8 @@ def install_motion_sensor(model: torch.nn.Module, pixel_rows: torch.Tensor, grid
         for g in range(groups):
             merger.mlp[0].weight[unit, g * width + source] = sign
         merger.mlp[2].weight[:, unit] = sign * directions[direction]
-    tokens = _merged(visual, pixel_rows.to(dtype), grid_thw)
-    motion = _motion(visual, pixel_rows.to(dtype), grid_thw)
+    tokens = _merged(visual, rows, grid_thw)
+    motion = _motion(visual, rows, grid_thw)
     token_size = tokens.norm(dim=-1).median()
     for axis, pair in enumerate((merged_units[:2], merged_units[2:])):
         size = motion[:, axis].abs().quantile(0.9).clamp_min(1e-6)  # most patches see no edge move: size by those that do
@@ -135,22 +142,19 @@ def token_directions(width: int, dtype=torch.float32) -> torch.Tensor:
     return q.T.contiguous().to(dtype)
 
 
-def _merged_units(merger) -> range:
-    hidden = merger.mlp[0].out_features
-    return range(hidden - SENSOR_UNITS, hidden)
-
-
 def _motion(visual, rows: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
     """(tokens, 2): each video token's x and y motion, as the merger's sensor units sum them."""
-    h = _output_of(visual.merger.mlp[1], visual, rows, grid_thw)[:, _merged_units(visual.merger).start :]
+    h = _output_of(visual.merger.mlp[1], visual, rows, grid_thw)[:, _layout(visual)[2].start :]
     return torch.stack([h[:, 0] - h[:, 1], h[:, 2] - h[:, 3]], dim=-1)
 
 
 def has_motion_sensor(model: torch.nn.Module) -> bool:
     """Whether `model`'s patch embedding already holds the sensor's three filters (weights trained with it)."""
-    embed = _visual(model).patch_embed.proj
+    visual = _visual(model)
+    embed = visual.patch_embed.proj
     t, p = embed.kernel_size[0], embed.kernel_size[1]
-    rows = embed.weight[embed.out_channels - SENSOR_CHANNELS : embed.out_channels - SENSOR_CHANNELS + 3].detach().float()
+    start = _layout(visual)[0].start
+    rows = embed.weight[start : start + 3].detach().float()
     filters = _filters(p, t).float()
     return bool(torch.nn.functional.cosine_similarity(rows.flatten(1), filters.flatten(1)).min() > 0.999)
 
@@ -159,11 +163,9 @@ def freeze_motion_sensor(model: torch.nn.Module) -> list:
     """Keep the sensor as set while the rest trains: its weights get no gradient (so Adam leaves them), and
     nothing learns to write into its channels. Returns the hooks' handles."""
     visual = _visual(model)
-    width = visual.patch_embed.proj.out_channels
-    sensor = slice(width - SENSOR_CHANNELS, width)
-    units = slice(visual.blocks[0].mlp.gate_proj.out_features - SENSOR_UNITS, None)
+    sensor, units, merged = _layout(visual)
+    merged_units = slice(merged.start, merged.stop)
     merger = visual.merger
-    merged_units = slice(merger.mlp[0].out_features - SENSOR_UNITS, None)
     frozen: list[tuple[torch.nn.Parameter, tuple]] = [(visual.patch_embed.proj.weight, (sensor,)), (merger.ln_q.weight, (sensor,))]
     for block in visual.blocks:
         for writer in (block.attn.proj, block.mlp.down_proj):
