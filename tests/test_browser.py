@@ -41,13 +41,14 @@ def base_url(serve_address, world_model_dir, omni_dir):
     serve.delete(APP)
 
 
-def run_script(name: str, base_url: str) -> dict:
-    """Run tests/browser/NAME.mjs against the server; returns its JSON line (saved beside the screenshots)."""
+def run_script(name: str, base_url: str, *args: str) -> dict:
+    """Run tests/browser/NAME.mjs against the server (with the script's own `args`); returns its JSON line
+    (saved beside the screenshots)."""
     if not (SCRIPTS / "node_modules" / "playwright-core").is_dir():
         pytest.fail("playwright-core is not installed: run `npm ci` in tests/browser (.ci/run does)")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
-        [NODE, str(SCRIPTS / f"{name}.mjs"), base_url, str(ARTIFACTS)],
+        [NODE, str(SCRIPTS / f"{name}.mjs"), base_url, str(ARTIFACTS), *args],
         cwd=SCRIPTS,
         capture_output=True,
         check=False,  # the JSON line says what failed

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -68,6 +70,38 @@ def test_a_change_of_biome_shows_in_the_frames_and_in_the_answers() -> None:
         answer("weather", clip, quiet)
 
 
+def test_a_walk_past_a_tree_counts_it_and_a_turn_on_the_spot_passes_nothing() -> None:
+    from deployments.generation.camera import Pose, quat_axis_angle
+    from deployments.training.omni_data import passed
+    from deployments.training.world import BIOME_NAMES, tall_landmarks
+
+    forest = np.eye(len(BIOME_NAMES))[BIOME_NAMES.index("forest")]
+    x, z = min(tall_landmarks((0.0, 0.0, 0.0), forest), key=lambda p: p[0] ** 2 + p[1] ** 2)
+
+    def walk(to: float) -> list[Pose]:  # heading +z, half a unit to the left of it
+        return [Pose((x - 0.5, 0.0, float(d)), Pose().rotation) for d in np.linspace(z - 3.0, to, 6)]
+
+    past, short = walk(z + 1.0), walk(z - 0.5)
+    assert passed(past, [forest] * 6) >= passed(short, [forest] * 6) + 1  # the tree is behind only on the full walk
+    assert passed(past[::-1], [forest] * 6) == passed(past, [forest] * 6)  # backing along it passes the same ones
+    turn = [Pose(past[0].translation, tuple(quat_axis_angle(1, a).tolist())) for a in np.linspace(0, 3.0, 6)]
+    assert passed(turn, [forest] * 6) == 0
+
+
+def test_the_count_is_asked_where_it_is_known() -> None:
+    from deployments.training.omni_data import answerable
+
+    clips = [render_clip(seed) for seed in range(40)]
+    assert all(c.passed == 0 for c in clips if c.motion not in ("forward", "back"))
+    walks = [c for c in clips if c.motion in ("forward", "back")]
+    assert walks and any(c.passed for c in walks), [(c.motion, c.passed) for c in walks]
+    assert all(answer("count", c, Sound(None, "")) == str(c.passed) for c in clips)
+    made = Clip(clips[0].frames, "snow", "snow", "right")  # a world-model clip: nobody counted its trees
+    assert not answerable("count", made) and answerable("biome", made)
+    with pytest.raises(ValueError, match="cannot be asked to count"):
+        answer("count", made, Sound(None, ""))
+
+
 def test_the_tone_is_the_pitch_the_answer_names_and_beeps_when_it_says_so() -> None:
     rng = np.random.default_rng(0)
     for pitch, hertz in TONE_HERTZ.items():
@@ -111,10 +145,13 @@ def test_train_omni_smoke_writes_weights_that_install_and_answer(tmp_path) -> No
     from deployments.understanding.engine import UnderstandingEngine
 
     out = tmp_path / "weights"
-    assert main(["train-omni", str(out), "--work", str(tmp_path / "work"), "--smoke", "--threads", "1", "--motion-sensor"]) == 0
-    assert (out / "thinker.safetensors").is_file() and (out / "eval.json").is_file()
+    assert main(["train-omni", str(out), "--work", str(tmp_path / "work"), "--smoke", "--threads", "1", "--motion-sensor", "--world-clips", "2"]) == 0
+    assert (out / "thinker.safetensors").is_file() and (tmp_path / "work" / "world_clips.pt").is_file()
+    report = json.loads((out / "eval.json").read_text())
+    assert report["clips"] == 2 and report["world"]["clips"] == 2 and set(report["world"]["accuracy"]) == set(report["accuracy"])
     assert main(["train-omni", str(out), "--work", str(tmp_path / "work"), "--steps", "0"]) == 2
-    assert main(["train-omni", str(out), "--work", str(tmp_path / "work"), "--kind-weights", "0", "0", "0", "0"]) == 2
+    assert main(["train-omni", str(out), "--work", str(tmp_path / "work"), "--kind-weights", "0", "0", "0", "0", "0"]) == 2
+    assert main(["train-omni", str(out), "--work", str(tmp_path / "work"), "--world-share", "1.5"]) == 2
     engine = UnderstandingEngine.from_pretrained(install_builtin_omni(tmp_path / "omni", out))
     assert has_motion_sensor(engine.model)  # set, kept through training, shipped in fp16 and loaded as a checkpoint
     clip = render_clip(2, frames=4)
@@ -152,6 +189,28 @@ def test_the_shipped_thinker_hears_the_tone_on_held_out_clips(held_out_report) -
 def test_the_shipped_thinker_sees_where_and_which_way_on_held_out_clips(held_out_report) -> None:
     accuracy = held_out_report["accuracy"]
     assert accuracy["biome"] >= 0.9 and accuracy["turn"] >= 0.9, held_out_report
+
+
+@pytest.fixture(scope="module")
+def world_held_out_report(shipped) -> dict:
+    """Clips the built-in world model makes (omni_world_clips.py) from seeds the training never drew."""
+    from deployments.models.builtin_world_model import weights_available
+    from deployments.training.omni_training import HELD_OUT_SEED, evaluate
+    from deployments.training.omni_world_clips import world_clips
+
+    if not weights_available():
+        pytest.skip("no trained world model ships with this checkout")
+    clips = world_clips(list(range(HELD_OUT_SEED + 500, HELD_OUT_SEED + 540)))
+    # Those that hold one prompt: a prompt switch's clip is labelled with the place asked for, which the world
+    # model's transition has not always shown by the clip's end (README, "The built-in understanding model").
+    return evaluate(shipped, [c for c in clips if c.start_biome == c.biome], seed=7)
+
+
+@pytest.mark.timeout(900)
+def test_the_shipped_thinker_sees_and_hears_the_world_models_held_out_clips(world_held_out_report) -> None:
+    accuracy = world_held_out_report["accuracy"]
+    assert world_held_out_report["clips"] >= 20 and accuracy["count"] is None, world_held_out_report  # nobody counted its trees
+    assert min(accuracy["biome"], accuracy["turn"], accuracy["tone"]) >= 0.9, world_held_out_report
 
 
 @pytest.mark.timeout(300)

@@ -39,7 +39,7 @@ def url(serve_address, tmp_path_factory) -> str:
 
 
 # The world model's lava drifts down the frame while the camera turns (the renderer's does not): over this short
-# video the thinker reads that drift as "back" (tests/test_omni.py asks the longer rollout, where it says "left").
+# video the thinker reads that drift as "forward" (tests/test_omni.py asks the longer rollout, where it says "left").
 @pytest.mark.parametrize(("prompt", "key", "biome", "turn"), [("a snowy field", "l", "snow", "right"), ("a snowy field", "j", "snow", "left"),
                                                               ("a lava field", "j", "lava", None)])
 def test_a_video_the_world_model_made_is_named_by_the_thinker(url, tmp_path, capsys, prompt: str, key: str, biome: str, turn: str | None) -> None:

@@ -9,7 +9,7 @@ DEFAULT_OUT = "deployments/models/weights/omni"
 EPILOG = """\
 Clips are rendered once into WORK/clips.pt; WORK/checkpoint.pt lets a stopped
 run resume; WORK/train.log has the losses and the held-out accuracy per
-question kind (biome, motion, tone, change), which OUT/eval.json keeps with
+question kind (biome, motion, tone, change, count), which OUT/eval.json keeps with
 the weights. --smoke runs a few steps on a few clips (what CI checks).
 """
 
@@ -26,8 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--motion-sensor", action="store_true",
                         help="give the thinker the hand-made motion sensor (deployments/training/omni_motion.py): set into the "
                              "weights unless --init-from ones hold it, and kept fixed while the rest trains")
-    parser.add_argument("--kind-weights", type=float, nargs=4, metavar=("BIOME", "MOTION", "TONE", "CHANGE"),
-                        help="how often each question kind is asked (default: 1 2 1 1)")
+    parser.add_argument("--kind-weights", type=float, nargs=5, metavar=("BIOME", "MOTION", "TONE", "CHANGE", "COUNT"),
+                        help="how often each question kind is asked (default: 1 2 1 1 0.5)")
+    parser.add_argument("--world-clips", type=int, metavar="N",
+                        help="also train on N clips the built-in world model makes (WORK/world_clips.pt), and report the held-out "
+                             "accuracy on its clips (default: 0, the renderer's clips only)")
+    parser.add_argument("--world-share", type=float, help="share of the examples drawn from the world model's clips (default: 0.4)")
     parser.add_argument("--workers", type=int, help="rendering processes (default: 2)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
     parser.add_argument("--smoke", action="store_true", help="a few steps on a few clips")
@@ -48,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
 
     config = OmniTraining().smoke() if args.smoke else OmniTraining()
     for flag, name, value in (("--steps", "steps", args.steps), ("--clips", "clips", args.clips), ("--eval-clips", "eval_clips", args.eval_clips),
-                              ("--workers", "workers", args.workers)):
+                              ("--workers", "workers", args.workers), ("--world-clips", "world_clips", args.world_clips)):
         if value is not None:
             if value < 1:
                 print(f"rtv train-omni: {flag} must be at least 1, not {value}", file=sys.stderr)
@@ -59,6 +63,11 @@ def main(args: argparse.Namespace) -> int:
             print(f"rtv train-omni: --lr must be between 0 and 1, not {args.lr}", file=sys.stderr)
             return 2
         config = replace(config, lr=args.lr, min_lr=min(config.min_lr, args.lr / 10))
+    if args.world_share is not None:
+        if not 0 <= args.world_share <= 1:
+            print(f"rtv train-omni: --world-share must be between 0 and 1, not {args.world_share}", file=sys.stderr)
+            return 2
+        config = replace(config, world_share=args.world_share)
     if args.kind_weights is not None:
         if min(args.kind_weights) < 0 or sum(args.kind_weights) <= 0:
             print(f"rtv train-omni: --kind-weights must be non-negative with a positive sum, not {args.kind_weights}", file=sys.stderr)

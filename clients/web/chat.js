@@ -1,6 +1,6 @@
 "use strict";
-// Live understanding (served at /chat): a camera (getUserMedia) or a local video file sent as JPEG
-// frames at a chosen rate on WS /v1/video/chat/stream, the microphone (or the file's sound) captured
+// Live understanding (served at /chat): a camera (getUserMedia) or a local video file (played once, or
+// in a loop) sent as JPEG frames at a chosen rate on WS /v1/video/chat/stream, the microphone (or the file's sound) captured
 // with an AudioWorklet as 16 kHz PCM16, questions answered token by token, EVS statistics at the end.
 // `window.rtvChat` holds the session's state for the console and the tests.
 
@@ -8,6 +8,7 @@ const MAX_SIDE = 448; // frames are scaled down to this (the server keeps no mor
 const JPEG_QUALITY = 0.8;
 const AUDIO_CHUNK_SAMPLES = 4000; // 0.25 s at 16 kHz per audio.chunk
 const LIVE_FRAMES = 64; // the ring a live session keeps (PROTOCOL default max_frames)
+const FILE_ENDED = "The file has played to its end: ask about it, or end the session.";
 
 const $ = (id) => document.getElementById(id);
 
@@ -20,6 +21,7 @@ const chat = (window.rtvChat = {
   audioChunks: 0,
   audioSeconds: 0,
   answers: [], // {question, start, deltas, text, done}
+  sourceEnded: false, // a file played once has reached its end: nothing more is sent, questions go on
   evs: null,
   done: false,
   errors: [],
@@ -67,7 +69,8 @@ function render() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Sources: the camera and microphone, or a local video file played in a loop.
+// Sources: the camera and microphone, or a local video file played once (a clip to ask about: a loop's
+// jump back to the start would read as motion) or in a loop.
 // ---------------------------------------------------------------------------------------------
 async function openSource(withAudio) {
   const source = document.querySelector("input[name=source]:checked").value;
@@ -84,8 +87,9 @@ async function openSource(withAudio) {
   objectUrl = URL.createObjectURL(file);
   preview.srcObject = null;
   preview.src = objectUrl;
-  preview.loop = true;
+  preview.loop = $("loop").checked;
   preview.muted = !withAudio; // its sound goes to the worklet only, never to the speakers
+  preview.onended = sourceEnded;
   await preview.play();
   return withAudio ? (ctx) => ctx.createMediaElementSource(preview) : null;
 }
@@ -96,7 +100,7 @@ async function startAudio(makeSource) {
   const node = new AudioWorkletNode(audioContext, "pcm16-capture", { processorOptions: { chunkSamples: AUDIO_CHUNK_SAMPLES } });
   node.port.onmessage = ({ data }) => {
     $("level").value = data.rms;
-    if (!ws || ws.readyState !== WebSocket.OPEN || chat.done) return;
+    if (!ws || ws.readyState !== WebSocket.OPEN || chat.done || chat.sourceEnded) return;
     const pcm = new Uint8Array(data.pcm);
     send({ type: "audio.chunk", data: base64(pcm) });
     chat.audioChunks += 1;
@@ -122,6 +126,25 @@ function sendFrame() {
   render();
 }
 
+// A file starts over with the session, so that its first frame is the first one sent (it has played, or
+// even ended, while the socket opened).
+async function rewind() {
+  chat.sourceEnded = false;
+  const seeked = new Promise((resolve) => preview.addEventListener("seeked", resolve, { once: true }));
+  preview.currentTime = 0;
+  await seeked;
+  await preview.play();
+}
+
+// The file's last frame has been shown: stop sending (its frames and sound are with the server), keep the session for questions.
+function sourceEnded() {
+  if (chat.sourceEnded) return;
+  chat.sourceEnded = true;
+  clearInterval(frameTimer);
+  frameTimer = null;
+  if (ws && ws.readyState === WebSocket.OPEN) setStatus("live", FILE_ENDED);
+}
+
 function stopCapture() {
   clearInterval(frameTimer);
   frameTimer = null;
@@ -130,6 +153,7 @@ function stopCapture() {
   if (audioContext) audioContext.close().catch(() => {});
   audioContext = null;
   preview.pause();
+  preview.onended = null;
   $("level").value = 0;
   if (objectUrl) URL.revokeObjectURL(objectUrl);
   objectUrl = null;
@@ -139,7 +163,7 @@ function stopCapture() {
 // The session.
 // ---------------------------------------------------------------------------------------------
 async function start() {
-  Object.assign(chat, { framesSent: 0, kept: 0, dropped: 0, bufferedFrames: 0, audioChunks: 0, audioSeconds: 0, answers: [], evs: null, done: false, errors: [] });
+  Object.assign(chat, { framesSent: 0, kept: 0, dropped: 0, bufferedFrames: 0, audioChunks: 0, audioSeconds: 0, answers: [], sourceEnded: false, evs: null, done: false, errors: [] });
   $("errors").replaceChildren();
   $("answers").replaceChildren();
   render();
@@ -166,14 +190,15 @@ async function start() {
 
   setStatus("connecting", "Connecting…");
   const socket = (ws = openServerSocket("/v1/video/chat/stream"));
-  socket.onopen = () => {
+  socket.onopen = async () => {
     // Every kept frame in each question (num_sample_frames = max_frames): the server keeps them prefilled.
     const frames = $("live").checked ? { max_frames: LIVE_FRAMES, num_sample_frames: LIVE_FRAMES } : {};
     socket.send(JSON.stringify({ type: "session.config", modalities: ["text"], evs_enabled: $("evs").checked, ...frames }));
-    t0 = performance.now();
-    setStatus("live", "Live: sending frames" + (makeAudioSource ? " and audio." : "."));
     $("ask").disabled = false;
     $("end").disabled = false;
+    if (!preview.srcObject) await rewind();
+    t0 = performance.now();
+    setStatus("live", "Live: sending frames" + (makeAudioSource ? " and audio." : "."));
     sendFrame();
     frameTimer = setInterval(sendFrame, 1000 / Number($("rate").value));
   };

@@ -6,7 +6,8 @@ motion over the clip (the world model's keys: `j` left, `l` right, `i` up,
 `k` down, `w` forward, `s` back, or none), in one biome or switching
 to another part-way (a prompt change), with the microphone's audio over the
 same seconds: a low or high tone, steady or beeping, or silence, or no audio
-at all. The questions are a fixed, documented set (the model is a demo and a
+at all. Moving forward or back, the camera passes the posts and trees it had
+in view ahead (or that come into view ahead as it backs past them). The questions are a fixed, documented set (the model is a demo and a
 test oracle, not an assistant), each with a few phrasings; the answers are
 short and exact, so accuracy is a string match.
 
@@ -22,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from deployments.generation.camera import KeyMotion, Pose, quat_axis_angle
+from deployments.generation.camera import FOV_DEGREES, KeyMotion, Pose, quat_axis_angle, quat_to_matrix
 from deployments.training.measures import block_motion
 from deployments.training.trajectories import random_origin
-from deployments.training.world import BIOME_NAMES, BIOMES, render
+from deployments.training.world import BIOME_NAMES, BIOMES, render, tall_landmarks
 
 FPS = 2.0  # frames per second of a clip: the chat client's default
 SAMPLE_RATE = 16_000  # the audio.chunk rate
@@ -56,6 +57,7 @@ QUESTIONS = {
     "motion": ("Which way is the camera turning?", "Which way is the camera moving?", "What is moving?", "How does the view move?"),
     "tone": ("What do you hear?", "What sound is playing?", "Is there a sound?"),
     "change": ("What changed?", "How did the scene change?", "Did the place change?"),
+    "count": ("How many posts or trees did we pass?", "How many trees or posts went by?", "Count the posts and trees we passed."),
 }
 KINDS = tuple(QUESTIONS)
 
@@ -68,6 +70,7 @@ class Clip:
     start_biome: str
     biome: str  # at the end of the clip
     motion: str  # a key of MOTIONS
+    passed: int | None = None  # posts and trees the camera went past; None where nobody knows (the world model's clips)
 
     @property
     def seconds(self) -> float:
@@ -95,7 +98,41 @@ def answer(kind: str, clip: Clip, sound: Sound) -> str:
         if clip.start_biome == clip.biome:
             return NOTHING_CHANGED
         return f"from {BIOME_ANSWERS[clip.start_biome]} to {BIOME_ANSWERS[clip.biome]}"
+    if kind == "count":
+        if clip.passed is None:
+            raise ValueError("this clip's passed posts and trees are unknown: it cannot be asked to count them")
+        return str(clip.passed)
     raise ValueError(f"unknown question kind {kind!r}; kinds are {', '.join(KINDS)}")
+
+
+def answerable(kind: str, clip: Clip) -> bool:
+    """Whether `clip` knows the answer to `kind` (a world-model clip cannot count what it passed)."""
+    return kind != "count" or clip.passed is not None
+
+
+def passed(poses: list[Pose], weights: list[np.ndarray]) -> int:
+    """The posts and trees the camera went past over a clip: in view ahead (within the horizontal field of view)
+    at one end and behind the camera's plane at the other, both under the first frame's heading (a turn on the
+    spot passes nothing), and drawn at both ends (a change of biome may take a landmark away)."""
+    first, last = poses[0], poses[-1]
+    half_view = math.tan(math.radians(FOV_DEGREES) / 2)
+    heading = quat_to_matrix(np.array(first.rotation)).T
+
+    def camera_xz(pose: Pose, point: tuple[float, float]) -> tuple[float, float]:
+        offset = np.array([point[0], 0.0, point[1]]) - np.array(pose.translation)
+        offset[1] = 0.0  # level: a landmark is passed by where it stands, not how tall it is
+        x, _, z = heading @ offset
+        return float(x), float(z)
+
+    def ahead(pose: Pose, point) -> bool:
+        x, z = camera_xz(pose, point)
+        return z > 0 and abs(x) <= z * half_view
+
+    def behind(pose: Pose, point) -> bool:
+        return camera_xz(pose, point)[1] <= 0
+
+    both = tall_landmarks(first.translation, weights[0]) & tall_landmarks(last.translation, weights[-1])
+    return sum((ahead(first, p) and behind(last, p)) or (ahead(last, p) and behind(first, p)) for p in both)
 
 
 def tone(pitch: str | None, pattern: str, seconds: float, rng: np.random.Generator) -> np.ndarray:
@@ -131,6 +168,34 @@ def _poses(rng: np.random.Generator, origin: Pose, count: int, motion: str) -> l
     return poses
 
 
+def _past_a_landmark(rng: np.random.Generator, poses: list[Pose], weights: np.ndarray, motion: str) -> list[Pose]:
+    """A walk moved (half the time) so that its path runs beside the post or tree nearest its start, a
+    little to one side, somewhere along it: a random walk of a few metres passes one once in forty clips,
+    and "how many did we pass?" would only ever be 0. The count is still `passed`'s: this only aims."""
+    if rng.random() < 0.5:
+        return poses
+    start, end = np.array(poses[0].translation), np.array(poses[-1].translation)
+    landmarks = tall_landmarks(poses[0].translation, weights)
+    if not landmarks or np.allclose(start, end):
+        return poses
+    target = np.array(min(landmarks, key=lambda p: (p[0] - start[0]) ** 2 + (p[1] - start[2]) ** 2))
+    path = (end - start)[[0, 2]]
+    travel = float(np.linalg.norm(path))
+    aside = float(rng.uniform(0.4, 1.0))
+    # Far enough along the path that the end which sees it ahead (the start walking forward, the end backing
+    # up) has it inside the field of view.
+    seen = min(1.8 * aside / travel, 0.95)
+    if seen >= 0.95:
+        return poses
+    along = float(rng.uniform(seen, 0.95))
+    if motion == "back":
+        along = 1.0 - along
+    side = np.array([-path[1], path[0]]) / travel
+    beside = target + side * aside * float(rng.choice([-1.0, 1.0]))
+    shift = beside - (start + along * (end - start))[[0, 2]]
+    return [Pose((p.translation[0] + float(shift[0]), p.translation[1], p.translation[2] + float(shift[1])), p.rotation) for p in poses]
+
+
 def render_clip(seed: int, *, frames: int | None = None, size: int = 64, change: float = 0.3) -> Clip:
     """One clip, the same for the same arguments."""
     rng = np.random.default_rng([seed, 18])
@@ -148,10 +213,13 @@ def render_clip(seed: int, *, frames: int | None = None, size: int = 64, change:
               for i in range(count)]
     for attempt in range(TURN_ATTEMPTS):
         poses = _poses(rng, random_origin(seed * TURN_ATTEMPTS + attempt), count, motion)
-        video = np.stack([render(pose, (1 - share) * a + share * b, size, size) for pose, share in zip(poses, shares)])
+        if motion in ("forward", "back"):
+            poses = _past_a_landmark(np.random.default_rng([seed, 18, 2]), poses, a, motion)
+        weights = [(1 - share) * a + share * b for share in shares]
+        video = np.stack([render(pose, w, size, size) for pose, w in zip(poses, weights)])
         if turn_shows(video, motion):
             break
-    return Clip(video, start, end, motion)
+    return Clip(video, start, end, motion, passed(poses, weights))
 
 
 def turn_shows(frames: np.ndarray, motion: str) -> bool:

@@ -6,9 +6,12 @@ uses), with the answer and `<|im_end|>` appended as the assistant's turn; the
 loss is the answer's tokens only. Clips are rendered once (`WORK/clips.pt`);
 each step draws clips, a question kind and a phrasing, and a fresh sound for
 the clip's seconds, so the audio never repeats, and sends the frames as a client
-would (JPEG, sometimes soft as the world model makes them). Accuracy is the greedy answer
-(as served) equal to the right one, per question kind, on clips from seeds the
-training never drew (from `HELD_OUT_SEED` up).
+would (JPEG, sometimes soft as the world model makes them). With `world_clips`, a
+share of the steps draws instead from clips the built-in world model made
+(`WORK/world_clips.pt`, deployments/training/omni_world_clips.py). Accuracy is
+the greedy answer (as served) equal to the right one, per question kind, on
+clips from seeds the training never drew (from `HELD_OUT_SEED` up), the
+renderer's and, with `world_clips`, the world model's (`world` in the report).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 
 from deployments.training.files import torch_save_atomic
 from deployments.training.lr_schedule import warmup_cosine
-from deployments.training.omni_data import FPS, KINDS, QUESTIONS, TURNS, Clip, answer, as_sent, draw_sound, question, render_clip
+from deployments.training.omni_data import FPS, KINDS, QUESTIONS, TURNS, Clip, answer, answerable, as_sent, draw_sound, question, render_clip
 
 HELD_OUT_SEED = 1_000_000  # evaluation clips come from seeds at and above this one; training from below
 SENSOR_CALIBRATION_CLIPS = 64  # the first training clips, on which the motion sensor's scales are measured
@@ -42,17 +45,21 @@ class OmniTraining:
     warmup: int = 100
     clips: int = 1600
     # How often each kind is asked: the camera's motion is the hardest to see, so it is asked most.
-    kind_weights: tuple[float, ...] = (1.0, 2.0, 1.0, 1.0)  # KINDS order: biome, motion, tone, change
+    kind_weights: tuple[float, ...] = (1.0, 2.0, 1.0, 1.0, 0.5)  # KINDS order: biome, motion, tone, change, count
     eval_clips: int = 60
     eval_every: int = 500
     checkpoint_every: int = 250
     workers: int = 2
+    # Clips the built-in world model makes, drawn for `world_share` of the examples (0: the renderer's only).
+    world_clips: int = 0
+    world_share: float = 0.4
+    world_eval_clips: int = 42
     # The thinker has the motion sensor (deployments/training/omni_motion.py): set into the weights before the
     # first step unless they already hold it, and kept as set while the rest trains.
     motion_sensor: bool = False
 
     def smoke(self) -> "OmniTraining":
-        return OmniTraining(steps=3, batch=2, warmup=1, clips=4, eval_clips=2, eval_every=3, checkpoint_every=3, workers=1)
+        return OmniTraining(steps=3, batch=2, warmup=1, clips=4, eval_clips=2, eval_every=3, checkpoint_every=3, workers=1, world_eval_clips=2)
 
 
 def render_clips(seeds: list[int], workers: int) -> list[Clip]:
@@ -83,26 +90,47 @@ def install_sensor(engine, clips: list[Clip]) -> None:
                           torch.cat([i["video_grid_thw"] for i in inputs]))
 
 
+def draw_kind(rng: np.random.Generator, clip: Clip, weights: np.ndarray) -> str | None:
+    """A question kind by `weights` (KINDS order) among those `clip` can answer; None if it can answer none of them."""
+    usable = weights * np.array([answerable(k, clip) for k in KINDS])
+    if usable.sum() <= 0:
+        return None
+    return KINDS[int(rng.choice(len(KINDS), p=usable / usable.sum()))]
+
+
 def evaluate(engine, clips: list[Clip], seed: int = 0) -> dict:
     """Per question kind: the share of greedy answers (as the server gives them) equal to the right one."""
     rng = np.random.default_rng([seed, 99])
-    right: dict[str, list[bool]] = {k: [] for k in (*KINDS, "turn")}
+    right: dict[str, list[bool]] = {k: [] for k in (*KINDS, "turn", "count_passing")}
     wrong: dict[str, list] = {k: [] for k in KINDS}
     engine.model.eval()
     for clip in clips:
         sound = draw_sound(rng, clip.seconds)
         for kind in KINDS:
             text = question(rng, kind)
+            if not answerable(kind, clip):
+                continue
             expected = answer(kind, clip, sound)
             got = engine.answer(list(clip.frames), sound.audio, text, fps=FPS, max_new_tokens=48).strip()
             right[kind].append(got == expected)
             if kind == "motion" and clip.motion in TURNS:
                 right["turn"].append(got == expected)
+            if kind == "count" and clip.passed:
+                right["count_passing"].append(got == expected)
             if got != expected and len(wrong[kind]) < 3:
                 wrong[kind].append({"question": text, "expected": expected, "got": got})
-    # "turn": the motion questions about a turning camera (left, right, up, down), of which the issue asks 90 %.
+    # "turn": the motion questions about a turning camera (left, right, up, down), of which the issue asks 90 %;
+    # "count_passing": the count on clips that passed something (elsewhere "0" is right most of the time).
     accuracy = {k: round(float(np.mean(v)), 3) if v else None for k, v in right.items()}
     return {"accuracy": accuracy, "clips": len(clips), "wrong_examples": wrong}
+
+
+def evaluate_all(engine, rendered: list[Clip], made: list[Clip], seed: int = 0) -> dict:
+    """The renderer's held-out clips' report, with the world model's (when there are any) under `world`."""
+    report = evaluate(engine, rendered, seed)
+    if made:
+        report["world"] = evaluate(engine, made, seed)
+    return report
 
 
 def train_omni(work: Path, config: OmniTraining = OmniTraining(), *, seed: int = 0, init: Path | None = None,
@@ -134,6 +162,19 @@ def train_omni(work: Path, config: OmniTraining = OmniTraining(), *, seed: int =
         torch_save_atomic(clips, clips_file)
         log({"stage": "render", "clips": len(clips), "seconds": round(time.time() - began, 1)})
     held_out = render_clips(list(range(HELD_OUT_SEED, HELD_OUT_SEED + config.eval_clips)), config.workers)
+    world, world_held_out = [], []
+    if config.world_clips:
+        from deployments.training.omni_world_clips import world_clips
+
+        world_file = work / "world_clips.pt"
+        if world_file.is_file():
+            world = torch.load(world_file, weights_only=False)
+        else:
+            began = time.time()
+            world = world_clips(list(range(seed * config.world_clips, (seed + 1) * config.world_clips)))
+            torch_save_atomic(world, world_file)
+            log({"stage": "world_clips", "clips": len(world), "seconds": round(time.time() - began, 1)})
+        world_held_out = world_clips(list(range(HELD_OUT_SEED, HELD_OUT_SEED + config.world_eval_clips)))
 
     checkpoint = work / "checkpoint.pt"
     if config.motion_sensor:
@@ -160,8 +201,12 @@ def train_omni(work: Path, config: OmniTraining = OmniTraining(), *, seed: int =
             group["lr"] = warmup_cosine(step, config.steps, config.warmup, config.lr, config.min_lr)
         total = 0.0
         for _ in range(config.batch):
-            clip = clips[int(rng.integers(len(clips)))]
-            kind = KINDS[int(rng.choice(len(KINDS), p=weights))]
+            pool = world if world and rng.random() < config.world_share else clips
+            clip = pool[int(rng.integers(len(pool)))]
+            kind = draw_kind(rng, clip, weights)
+            if kind is None:  # a world-model clip, asked only what it cannot answer
+                clip = clips[int(rng.integers(len(clips)))]
+                kind = draw_kind(rng, clip, weights)
             sound = draw_sound(rng, clip.seconds)
             frames = as_sent(clip.frames, rng)
             inputs, labels = example(engine, frames, sound.audio, question(rng, kind), answer(kind, clip, sound))
@@ -179,9 +224,9 @@ def train_omni(work: Path, config: OmniTraining = OmniTraining(), *, seed: int =
         if done % config.checkpoint_every == 0 or done == config.steps:
             torch_save_atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done, "config": asdict(config)}, checkpoint)
         if done % config.eval_every == 0 or done == config.steps:
-            report = evaluate(engine, held_out, seed)
-            log({"stage": "omni", "step": done, "eval": report["accuracy"]})
+            report = evaluate_all(engine, held_out, world_held_out, seed)
+            log({"stage": "omni", "step": done, "eval": report["accuracy"], **({"world": report["world"]["accuracy"]} if world_held_out else {})})
     if not report:
-        report = evaluate(engine, held_out, seed)
+        report = evaluate_all(engine, held_out, world_held_out, seed)
     (work / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     return model.eval(), processor, report

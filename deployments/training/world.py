@@ -216,6 +216,14 @@ def _landmarks(eye: np.ndarray, weights: np.ndarray) -> list[tuple[str, np.ndarr
     return out
 
 
+def tall_landmarks(position: tuple[float, float, float], weights: np.ndarray) -> set[tuple[float, float]]:
+    """Ground positions (x, z) of the posts and trees drawn around `position` under biome `weights`
+    (one-hot or blended, as `render` takes them): what "how many did we pass?" counts."""
+    weights = np.asarray(weights, dtype=np.float64)
+    eye = np.array(position, dtype=np.float64)
+    return {(float(base[0]), float(base[2])) for kind, base, *_ in _landmarks(eye, weights / weights.sum()) if kind in ("post", "tree")}
+
+
 def _hit_sphere(eye, dirs, centre, radius):
     oc = eye - centre
     b = dirs @ oc

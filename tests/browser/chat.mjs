@@ -1,27 +1,10 @@
 // The live-understanding page in headless Chromium with a fake camera and microphone: frames and
 // PCM16 audio flow, a question's answer streams in piece by piece, End shows the EVS statistics.
 // Usage: node chat.mjs http://HOST:PORT OUT_DIR  -> one JSON line on stdout.
-import { FAKE_MEDIA_FLAGS, parseArgs, run } from "./common.mjs";
+import { FAKE_MEDIA_FLAGS, chatState, parseArgs, run } from "./common.mjs";
 
 const { url, outDir } = parseArgs();
 const QUESTION = "What do you see and hear?";
-const snapshot = (page) =>
-  page.evaluate(() => {
-    const c = window.rtvChat;
-    return {
-      state: c.state,
-      frames_sent: c.framesSent,
-      kept: c.kept,
-      dropped: c.dropped,
-      buffered_frames: c.bufferedFrames,
-      audio_chunks: c.audioChunks,
-      audio_seconds: c.audioSeconds,
-      answers: c.answers.map((a) => ({ question: a.question, start: a.start, deltas: a.deltas, text: a.text, done: a.done })),
-      evs: c.evs,
-      done: c.done,
-      errors: c.errors,
-    };
-  });
 
 await run(outDir, "chat", FAKE_MEDIA_FLAGS, async (page, result) => {
   await page.goto(`${url}/chat`);
@@ -47,5 +30,5 @@ await run(outDir, "chat", FAKE_MEDIA_FLAGS, async (page, result) => {
   await page.waitForFunction(() => window.rtvChat.done, null, { timeout: 60_000 });
   result.evs_shown = await page.textContent("#stat-evs");
   result.status_text = await page.textContent("#status");
-  Object.assign(result, await snapshot(page));
+  Object.assign(result, await chatState(page));
 });

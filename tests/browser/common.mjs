@@ -19,16 +19,36 @@ const FLAGS = [
 export const FAKE_MEDIA_FLAGS = ["--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"];
 
 export function parseArgs() {
-  const [url, outDir] = process.argv.slice(2);
+  const [url, outDir, ...rest] = process.argv.slice(2);
   if (!url || !outDir) {
-    console.error("usage: node SCRIPT.mjs http://HOST:PORT OUT_DIR");
+    console.error("usage: node SCRIPT.mjs http://HOST:PORT OUT_DIR [SCRIPT'S OWN ARGUMENTS]");
     process.exit(2);
   }
   mkdirSync(outDir, { recursive: true });
-  return { url: url.replace(/\/$/, ""), outDir };
+  return { url: url.replace(/\/$/, ""), outDir, rest };
 }
 
 // Runs `body(page, result)`; whatever happens, takes a screenshot and prints `result` as one JSON line.
+// The chat page's session state (window.rtvChat) as the scripts report it.
+export const chatState = (page) =>
+  page.evaluate(() => {
+    const c = window.rtvChat;
+    return {
+      state: c.state,
+      frames_sent: c.framesSent,
+      kept: c.kept,
+      dropped: c.dropped,
+      buffered_frames: c.bufferedFrames,
+      audio_chunks: c.audioChunks,
+      audio_seconds: c.audioSeconds,
+      answers: c.answers.map((a) => ({ question: a.question, start: a.start, deltas: a.deltas, text: a.text, done: a.done })),
+      source_ended: c.sourceEnded,
+      evs: c.evs,
+      done: c.done,
+      errors: c.errors,
+    };
+  });
+
 export async function run(outDir, name, extraFlags, body) {
   const profile = mkdtempSync(path.join(tmpdir(), "rtv-chromium-"));
   const result = { ok: false, screenshot: path.join(outDir, `${name}.png`), console_errors: [], page_errors: [] };
