@@ -149,6 +149,10 @@ def test_train_omni_smoke_writes_weights_that_install_and_answer(tmp_path) -> No
     assert (out / "thinker.safetensors").is_file() and (tmp_path / "work" / "world_clips.pt").is_file()
     report = json.loads((out / "eval.json").read_text())
     assert report["clips"] == 2 and report["world"]["clips"] == 2 and set(report["world"]["accuracy"]) == set(report["accuracy"])
+    made = torch.load(tmp_path / "work" / "world_clips.pt", weights_only=False)
+    assert main(["train-omni", str(out), "--work", str(tmp_path / "work"), "--smoke", "--threads", "1", "--motion-sensor", "--world-clips", "3"]) == 0
+    grown = torch.load(tmp_path / "work" / "world_clips.pt", weights_only=False)  # a later run asking for more adds to them
+    assert len(grown) == 3 and all(np.array_equal(a.frames, b.frames) for a, b in zip(made, grown))
     assert main(["train-omni", str(out), "--work", str(tmp_path / "work"), "--steps", "0"]) == 2
     assert main(["train-omni", str(out), "--work", str(tmp_path / "work"), "--kind-weights", "0", "0", "0", "0", "0"]) == 2
     assert main(["train-omni", str(out), "--work", str(tmp_path / "work"), "--world-share", "1.5"]) == 2

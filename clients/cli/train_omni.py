@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind-weights", type=float, nargs=5, metavar=("BIOME", "MOTION", "TONE", "CHANGE", "COUNT"),
                         help="how often each question kind is asked (default: 1 2 1 1 0.5)")
     parser.add_argument("--world-clips", type=int, metavar="N",
-                        help="also train on N clips the built-in world model makes (WORK/world_clips.pt), and report the held-out "
+                        help="also train on N clips the built-in world model makes (WORK/world_clips.pt, grown when a later run asks for more), and report the held-out "
                              "accuracy on its clips (default: 0, the renderer's clips only)")
     parser.add_argument("--world-share", type=float, help="share of the examples drawn from the world model's clips (default: 0.4)")
     parser.add_argument("--workers", type=int, help="rendering processes (default: 2)")

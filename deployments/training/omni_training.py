@@ -166,15 +166,20 @@ def train_omni(work: Path, config: OmniTraining = OmniTraining(), *, seed: int =
     if config.world_clips:
         from deployments.training.omni_world_clips import world_clips
 
+        # Kept in WORK, and grown there when a later run asks for more (they take 1.8 s each).
         world_file = work / "world_clips.pt"
-        if world_file.is_file():
-            world = torch.load(world_file, weights_only=False)
-        else:
+        world = torch.load(world_file, weights_only=False) if world_file.is_file() else []
+        if len(world) < config.world_clips:
             began = time.time()
-            world = world_clips(list(range(seed * config.world_clips, (seed + 1) * config.world_clips)))
+            world += world_clips(list(range(seed * config.world_clips + len(world), (seed + 1) * config.world_clips)))
             torch_save_atomic(world, world_file)
             log({"stage": "world_clips", "clips": len(world), "seconds": round(time.time() - began, 1)})
-        world_held_out = world_clips(list(range(HELD_OUT_SEED, HELD_OUT_SEED + config.world_eval_clips)))
+        world = world[: config.world_clips]
+        held_out_file = work / "world_held_out.pt"
+        world_held_out = torch.load(held_out_file, weights_only=False) if held_out_file.is_file() else []
+        if len(world_held_out) != config.world_eval_clips:
+            world_held_out = world_clips(list(range(HELD_OUT_SEED, HELD_OUT_SEED + config.world_eval_clips)))
+            torch_save_atomic(world_held_out, held_out_file)
 
     checkpoint = work / "checkpoint.pt"
     if config.motion_sensor:
