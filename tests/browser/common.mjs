@@ -28,7 +28,6 @@ export function parseArgs() {
   return { url: url.replace(/\/$/, ""), outDir, rest };
 }
 
-// Runs `body(page, result)`; whatever happens, takes a screenshot and prints `result` as one JSON line.
 // The chat page's session state (window.rtvChat) as the scripts report it.
 export const chatState = (page) =>
   page.evaluate(() => {
@@ -49,6 +48,7 @@ export const chatState = (page) =>
     };
   });
 
+// Runs `body(page, result)`; whatever happens, takes a screenshot and prints `result` as one JSON line.
 export async function run(outDir, name, extraFlags, body) {
   const profile = mkdtempSync(path.join(tmpdir(), "rtv-chromium-"));
   const result = { ok: false, screenshot: path.join(outDir, `${name}.png`), console_errors: [], page_errors: [] };
