@@ -32,6 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also train on N clips the built-in world model makes (WORK/world_clips.pt, grown when a later run asks for more), and report the held-out "
                              "accuracy on its clips (default: 0, the renderer's clips only)")
     parser.add_argument("--world-share", type=float, help="share of the examples drawn from the world model's clips (default: 0.4)")
+    parser.add_argument("--world-change-weight", type=int, metavar="N",
+                        help="draw a world-model clip with a prompt switch N times as often as one holding its prompt (default: 1)")
+    parser.add_argument("--short-share", type=float,
+                        help="share of the place and tone questions asked of only 1 to 3 of a clip's frames, as a frame filter may keep (default: 0)")
     parser.add_argument("--workers", type=int, help="rendering processes (default: 2)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
     parser.add_argument("--smoke", action="store_true", help="a few steps on a few clips")
@@ -52,7 +56,8 @@ def main(args: argparse.Namespace) -> int:
 
     config = OmniTraining().smoke() if args.smoke else OmniTraining()
     for flag, name, value in (("--steps", "steps", args.steps), ("--clips", "clips", args.clips), ("--eval-clips", "eval_clips", args.eval_clips),
-                              ("--workers", "workers", args.workers), ("--world-clips", "world_clips", args.world_clips)):
+                              ("--workers", "workers", args.workers), ("--world-clips", "world_clips", args.world_clips),
+                              ("--world-change-weight", "world_change_weight", args.world_change_weight)):
         if value is not None:
             if value < 1:
                 print(f"rtv train-omni: {flag} must be at least 1, not {value}", file=sys.stderr)
@@ -63,11 +68,12 @@ def main(args: argparse.Namespace) -> int:
             print(f"rtv train-omni: --lr must be between 0 and 1, not {args.lr}", file=sys.stderr)
             return 2
         config = replace(config, lr=args.lr, min_lr=min(config.min_lr, args.lr / 10))
-    if args.world_share is not None:
-        if not 0 <= args.world_share <= 1:
-            print(f"rtv train-omni: --world-share must be between 0 and 1, not {args.world_share}", file=sys.stderr)
-            return 2
-        config = replace(config, world_share=args.world_share)
+    for flag, name, value in (("--world-share", "world_share", args.world_share), ("--short-share", "short_share", args.short_share)):
+        if value is not None:
+            if not 0 <= value <= 1:
+                print(f"rtv train-omni: {flag} must be between 0 and 1, not {value}", file=sys.stderr)
+                return 2
+            config = replace(config, **{name: value})
     if args.kind_weights is not None:
         if min(args.kind_weights) < 0 or sum(args.kind_weights) <= 0:
             print(f"rtv train-omni: --kind-weights must be non-negative with a positive sum, not {args.kind_weights}", file=sys.stderr)

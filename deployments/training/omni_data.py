@@ -68,7 +68,7 @@ class Clip:
 
     frames: np.ndarray  # uint8 (T, H, W, 3), oldest first
     start_biome: str
-    biome: str  # at the end of the clip
+    biome: str | None  # at the end of the clip; None where nobody can tell (a world-model clip mid-transition)
     motion: str  # a key of MOTIONS
     passed: int | None = None  # posts and trees the camera went past; None where nobody knows (the world model's clips)
 
@@ -106,8 +106,11 @@ def answer(kind: str, clip: Clip, sound: Sound) -> str:
 
 
 def answerable(kind: str, clip: Clip) -> bool:
-    """Whether `clip` knows the answer to `kind` (a world-model clip cannot count what it passed)."""
-    return kind != "count" or clip.passed is not None
+    """Whether `clip` knows the answer to `kind` (a world-model clip cannot count what it passed, nor say
+    where it ends when its last frames show no one place)."""
+    if kind == "count":
+        return clip.passed is not None
+    return kind not in ("biome", "change") or clip.biome is not None
 
 
 def passed(poses: list[Pose], weights: list[np.ndarray]) -> int:

@@ -28,7 +28,7 @@ import torch
 
 from deployments.training.files import torch_save_atomic
 from deployments.training.lr_schedule import warmup_cosine
-from deployments.training.omni_data import FPS, KINDS, QUESTIONS, TURNS, Clip, answer, answerable, as_sent, draw_sound, question, render_clip
+from deployments.training.omni_data import FPS, KINDS, QUESTIONS, TURNS, Clip, Sound, answer, answerable, as_sent, draw_sound, question, render_clip
 
 HELD_OUT_SEED = 1_000_000  # evaluation clips come from seeds at and above this one; training from below
 SENSOR_CALIBRATION_CLIPS = 64  # the first training clips, on which the motion sensor's scales are measured
@@ -53,7 +53,13 @@ class OmniTraining:
     # Clips the built-in world model makes, drawn for `world_share` of the examples (0: the renderer's only).
     world_clips: int = 0
     world_share: float = 0.4
+    # Times a world-model clip with a prompt switch is drawn for each time one holding its prompt is: the
+    # transition is what reads as a move forward or leaves the old place named.
+    world_change_weight: int = 1
     world_eval_clips: int = 42
+    # Share of the place and tone questions, on a clip that holds one place, asked of only 1 to 3 of its frames:
+    # a frame filter may keep that few, and an answer about a lone frame ran on past its end ("a lava fieldy to").
+    short_share: float = 0.0
     # The thinker has the motion sensor (deployments/training/omni_motion.py): set into the weights before the
     # first step unless they already hold it, and kept as set while the rest trains.
     motion_sensor: bool = False
@@ -98,10 +104,28 @@ def draw_kind(rng: np.random.Generator, clip: Clip, weights: np.ndarray) -> str 
     return KINDS[int(rng.choice(len(KINDS), p=usable / usable.sum()))]
 
 
+def draw_example(rng: np.random.Generator, clips: list[Clip], world: list[Clip], config: OmniTraining,
+                 weights: np.ndarray) -> tuple[np.ndarray, Sound, str, str]:
+    """One training example: the frames as a client sends them, the sound over their seconds, a question and its answer."""
+    pool = world if world and rng.random() < config.world_share else clips
+    clip = pool[int(rng.integers(len(pool)))]
+    kind = draw_kind(rng, clip, weights)
+    if kind is None:  # a world-model clip, asked only what it cannot answer
+        clip = clips[int(rng.integers(len(clips)))]
+        kind = draw_kind(rng, clip, weights)
+    frames = clip.frames
+    if config.short_share and kind in ("biome", "tone") and clip.start_biome == clip.biome and rng.random() < config.short_share:
+        count = int(rng.integers(1, 4))
+        at = int(rng.integers(max(1, len(frames) - count + 1)))
+        frames = frames[at : at + count]
+    sound = draw_sound(rng, len(frames) / FPS)
+    return as_sent(frames, rng), sound, question(rng, kind), answer(kind, clip, sound)
+
+
 def evaluate(engine, clips: list[Clip], seed: int = 0) -> dict:
     """Per question kind: the share of greedy answers (as the server gives them) equal to the right one."""
     rng = np.random.default_rng([seed, 99])
-    right: dict[str, list[bool]] = {k: [] for k in (*KINDS, "turn", "count_passing")}
+    right: dict[str, list[bool]] = {k: [] for k in (*KINDS, "turn", "biome_holding", "count_passing")}
     wrong: dict[str, list] = {k: [] for k in KINDS}
     engine.model.eval()
     for clip in clips:
@@ -115,11 +139,14 @@ def evaluate(engine, clips: list[Clip], seed: int = 0) -> dict:
             right[kind].append(got == expected)
             if kind == "motion" and clip.motion in TURNS:
                 right["turn"].append(got == expected)
+            if kind == "biome" and clip.start_biome == clip.biome:
+                right["biome_holding"].append(got == expected)
             if kind == "count" and clip.passed:
                 right["count_passing"].append(got == expected)
             if got != expected and len(wrong[kind]) < 3:
                 wrong[kind].append({"question": text, "expected": expected, "got": got})
     # "turn": the motion questions about a turning camera (left, right, up, down), of which the issue asks 90 %;
+    # "biome_holding": the place, on clips that show one place throughout (no change, or one that never showed);
     # "count_passing": the count on clips that passed something (elsewhere "0" is right most of the time).
     accuracy = {k: round(float(np.mean(v)), 3) if v else None for k, v in right.items()}
     return {"accuracy": accuracy, "clips": len(clips), "wrong_examples": wrong}
@@ -131,6 +158,32 @@ def evaluate_all(engine, rendered: list[Clip], made: list[Clip], seed: int = 0) 
     if made:
         report["world"] = evaluate(engine, made, seed)
     return report
+
+
+def made_clips(work: Path, config: OmniTraining, seed: int, log: Callable[[dict], None]) -> tuple[list[Clip], list[Clip]]:
+    """The world model's clips to train on and to evaluate on. Kept in WORK with the palettes that label them
+    (they take 1.8 s each), and grown there when a later run asks for more."""
+    from deployments.training.omni_world_clips import biome_palettes, shipped_world_model, world_clips
+
+    files = {name: work / f"{name}.pt" for name in ("world_clips", "world_held_out", "world_palettes")}
+    kept = {name: torch.load(file, weights_only=False) if file.is_file() else None for name, file in files.items()}
+    world, held_out = kept["world_clips"] or [], kept["world_held_out"] or []
+    if len(world) >= config.world_clips and len(held_out) == config.world_eval_clips:
+        return world[: config.world_clips], held_out
+    began = time.time()
+    with shipped_world_model() as engine:
+        palettes = kept["world_palettes"]
+        if palettes is None:
+            palettes = biome_palettes(engine)
+            torch_save_atomic(palettes, files["world_palettes"])
+        if len(world) < config.world_clips:
+            world += world_clips(engine, list(range(seed * config.world_clips + len(world), (seed + 1) * config.world_clips)), palettes)
+            torch_save_atomic(world, files["world_clips"])
+        if len(held_out) != config.world_eval_clips:
+            held_out = world_clips(engine, list(range(HELD_OUT_SEED, HELD_OUT_SEED + config.world_eval_clips)), palettes)
+            torch_save_atomic(held_out, files["world_held_out"])
+    log({"stage": "world_clips", "clips": len(world), "held_out": len(held_out), "seconds": round(time.time() - began, 1)})
+    return world[: config.world_clips], held_out
 
 
 def train_omni(work: Path, config: OmniTraining = OmniTraining(), *, seed: int = 0, init: Path | None = None,
@@ -162,24 +215,8 @@ def train_omni(work: Path, config: OmniTraining = OmniTraining(), *, seed: int =
         torch_save_atomic(clips, clips_file)
         log({"stage": "render", "clips": len(clips), "seconds": round(time.time() - began, 1)})
     held_out = render_clips(list(range(HELD_OUT_SEED, HELD_OUT_SEED + config.eval_clips)), config.workers)
-    world, world_held_out = [], []
-    if config.world_clips:
-        from deployments.training.omni_world_clips import world_clips
-
-        # Kept in WORK, and grown there when a later run asks for more (they take 1.8 s each).
-        world_file = work / "world_clips.pt"
-        world = torch.load(world_file, weights_only=False) if world_file.is_file() else []
-        if len(world) < config.world_clips:
-            began = time.time()
-            world += world_clips(list(range(seed * config.world_clips + len(world), (seed + 1) * config.world_clips)))
-            torch_save_atomic(world, world_file)
-            log({"stage": "world_clips", "clips": len(world), "seconds": round(time.time() - began, 1)})
-        world = world[: config.world_clips]
-        held_out_file = work / "world_held_out.pt"
-        world_held_out = torch.load(held_out_file, weights_only=False) if held_out_file.is_file() else []
-        if len(world_held_out) != config.world_eval_clips:
-            world_held_out = world_clips(list(range(HELD_OUT_SEED, HELD_OUT_SEED + config.world_eval_clips)))
-            torch_save_atomic(world_held_out, held_out_file)
+    world, world_held_out = made_clips(work, config, seed, log) if config.world_clips else ([], [])
+    world = [clip for clip in world for _ in range(config.world_change_weight if clip.start_biome != clip.biome else 1)]
 
     checkpoint = work / "checkpoint.pt"
     if config.motion_sensor:
@@ -206,15 +243,8 @@ def train_omni(work: Path, config: OmniTraining = OmniTraining(), *, seed: int =
             group["lr"] = warmup_cosine(step, config.steps, config.warmup, config.lr, config.min_lr)
         total = 0.0
         for _ in range(config.batch):
-            pool = world if world and rng.random() < config.world_share else clips
-            clip = pool[int(rng.integers(len(pool)))]
-            kind = draw_kind(rng, clip, weights)
-            if kind is None:  # a world-model clip, asked only what it cannot answer
-                clip = clips[int(rng.integers(len(clips)))]
-                kind = draw_kind(rng, clip, weights)
-            sound = draw_sound(rng, clip.seconds)
-            frames = as_sent(clip.frames, rng)
-            inputs, labels = example(engine, frames, sound.audio, question(rng, kind), answer(kind, clip, sound))
+            frames, sound, text, reply = draw_example(rng, clips, world, config, weights)
+            inputs, labels = example(engine, frames, sound.audio, text, reply)
             loss = model(**inputs, labels=labels).loss / config.batch
             loss.backward()
             total += loss.item()

@@ -8,15 +8,30 @@ the world model at 64x64: a biome's prompt, one key held from the first block
 (or none), sometimes a prompt switch to another biome part-way (the "what
 changed?" answer), its 16 frames/s sampled every 8th frame from a random
 offset, as the chat client's 2 frames/s would. The label is what the session
-was asked to do, so the thinker learns what the world model shows for it.
+was asked to do, so the thinker learns what the world model shows for it; but
+after a prompt switch, the place is what the clip's last frames show: the world
+model's transition does not always reach the new place by the clip's end (it
+may pass through a grey murk, or still show the old place), and a clip labelled
+with a place it never showed teaches the thinker to name a place it cannot see.
+What the last frames show is judged by colour against the world model's own
+palette of each place (`biome_palettes`: its sessions holding that place's
+prompt), and a picture near neither place is not asked where it is or what
+changed.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
 from deployments.contract.events import Interaction
 from deployments.training.behaviour import rollout
+from deployments.training.measures import colour_histogram, histogram_distance
 from deployments.training.omni_data import BIOME_ANSWERS, MOTIONS, Clip
 from deployments.training.world import BIOME_NAMES
 
@@ -24,6 +39,12 @@ STRIDE = 8  # 16 frames/s to the chat path's 2
 MIN_BLOCKS, MAX_BLOCKS = 3, 8  # 33-93 frames: 4 to 12 sampled
 MAX_PITCH_BLOCKS = 4  # up and down: 12 latent frames of 3 degrees stay inside the player's 40 degrees
 CHANGE = 0.3  # share of clips with a prompt switch
+PALETTE_BINS = 6  # per colour channel: 216 bins, coarse enough for 64x64 frames
+PALETTE_FRAMES = 2  # the clip's last sampled frames that say where it ends
+PALETTE_BLOCKS = 3  # per reference session: one for each biome and motion
+# How much nearer the picture must be to one of the two places than to the other to be named it
+# (total variation between colour histograms, 0 to 1): a murk halfway between them is named neither.
+PALETTE_MARGIN = 0.05
 
 
 def world_clip(engine, seed: int) -> Clip:
@@ -45,14 +66,47 @@ def world_clip(engine, seed: int) -> Clip:
     return Clip(frames[int(rng.integers(STRIDE)) :: STRIDE], start, end, motion)
 
 
-def world_clips(seeds: list[int]) -> list[Clip]:
-    """Clips of `seeds`, in order, from the shipped built-in world model."""
-    import tempfile
-    from pathlib import Path
+def biome_palettes(engine) -> dict[str, np.ndarray]:
+    """What the world model shows for each biome: the colour histogram of the last block of its sessions
+    holding that biome's prompt, one session per motion (looking up shows sky, down the ground)."""
+    palettes = {}
+    for b, biome in enumerate(BIOME_NAMES):
+        last_blocks = []
+        for m, key in enumerate(MOTIONS.values()):
+            per_block = [[Interaction(event_id=f"keys-{k}", actions=((key,),) * 3)] if key else [] for k in range(PALETTE_BLOCKS)]
+            last_blocks.append(rollout(engine, BIOME_ANSWERS[biome], per_block, seed=1000 * b + m)[-1][::STRIDE // 2])
+        palettes[biome] = colour_histogram(np.concatenate(last_blocks), PALETTE_BINS)
+    return palettes
 
+
+def shown_biome(frames: np.ndarray, palettes: dict[str, np.ndarray], places: tuple[str, str]) -> str | None:
+    """Which of `places` the last frames show: the one nearer their palette by `PALETTE_MARGIN`, when no
+    third place's palette is nearer still; None when the picture is neither (mid-transition, a murk)."""
+    seen = colour_histogram(frames[-PALETTE_FRAMES:], PALETTE_BINS)
+    distance = {biome: histogram_distance(seen, palette) for biome, palette in palettes.items()}
+    first, second = sorted(places, key=distance.__getitem__)
+    if min(distance, key=distance.__getitem__) != first or distance[second] - distance[first] < PALETTE_MARGIN:
+        return None
+    return first
+
+
+def as_shown(clip: Clip, palettes: dict[str, np.ndarray]) -> Clip:
+    """`clip` with the place it ends in as its last frames show it (a clip that holds one prompt as it is)."""
+    if clip.start_biome == clip.biome:
+        return clip
+    return dataclasses.replace(clip, biome=shown_biome(clip.frames, palettes, (clip.start_biome, clip.biome)))
+
+
+@contextmanager
+def shipped_world_model() -> Iterator:
+    """The shipped built-in world model's engine, installed in a folder that goes with it."""
     from deployments.generation.engine import WorldModelEngine
     from deployments.models.builtin_world_model import install_builtin_world_models
 
     with tempfile.TemporaryDirectory() as root:
-        engine = WorldModelEngine.from_pretrained(install_builtin_world_models(Path(root))["world-model"])
-        return [world_clip(engine, seed) for seed in seeds]
+        yield WorldModelEngine.from_pretrained(install_builtin_world_models(Path(root))["world-model"])
+
+
+def world_clips(engine, seeds: list[int], palettes: dict[str, np.ndarray]) -> list[Clip]:
+    """Clips of `seeds`, in order, labelled as shown (`as_shown`)."""
+    return [as_shown(world_clip(engine, seed), palettes) for seed in seeds]
