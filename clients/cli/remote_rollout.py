@@ -52,10 +52,11 @@ IN_PROCESS_ONLY = {
 def _prepare_remote_rollout(args) -> tuple[dict, list[Scheduled], int, int, int, Any]:
     """(session.start, schedule, blocks, frames_per_block, temporal_factor, offline plan or None); raises GenerateInputError."""
     from clients.cli.rollout import (
-        DEFAULT_NUM_BLOCKS,
         RolloutInputError,
+        check_session_inputs,
         load_action_script,
         prepare_rollout,
+        session_blocks,
     )
 
     try:
@@ -77,24 +78,12 @@ def _prepare_remote_rollout(args) -> tuple[dict, list[Scheduled], int, int, int,
             fpb, tf = plan.geometry.num_frames_per_block, plan.geometry.scale_factor_temporal
             actions, blocks = plan.actions, plan.num_blocks
         else:
-            if not args.prompt.strip():
-                raise RolloutInputError("prompt must be a non-blank string")
-            for name in ("height", "width"):
+            check_session_inputs(args.prompt, args.seed, args.output_dir)
+            for name in ("height", "width"):  # the server checks the rest of the size
                 if getattr(args, name) < 1:
                     raise RolloutInputError(f"{name} must be a positive integer, got {getattr(args, name)!r}")
-            if args.seed is not None and args.seed < 0:
-                raise RolloutInputError(f"seed must be a non-negative integer, got {args.seed!r}")
-            out = Path(args.output_dir)
-            if out.exists() and not out.is_dir():
-                raise RolloutInputError(f"output path {out} exists and is not a folder")
             actions = load_action_script(args.action_script, fpb) if args.action_script is not None else None
-            if args.num_blocks is not None and args.num_blocks < 1:
-                raise RolloutInputError(f"--num-blocks must be a positive integer, got {args.num_blocks!r}")
-            if actions is not None and args.num_blocks is not None and args.num_blocks != len(actions):
-                raise RolloutInputError(
-                    f"--num-blocks {args.num_blocks} disagrees with the action script, which has {len(actions)} blocks (give one or make them match)"
-                )
-            blocks = len(actions) if actions is not None else (args.num_blocks or DEFAULT_NUM_BLOCKS)
+            blocks = session_blocks(actions, args.num_blocks)
     except RolloutInputError as exc:
         raise GenerateInputError(str(exc)) from None
     image_url = load_image_url(args.image) if args.image else None

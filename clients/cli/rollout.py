@@ -105,6 +105,31 @@ class RolloutPlan:
     enforce_eager: bool = False  # the seed's flag: no compiled forwards (on a GPU they are compiled by default)
 
 
+def check_session_inputs(prompt: str, seed: int | None, output_dir: str | os.PathLike) -> Path:
+    """The checks a rollout makes of its session with or without the model at hand; the output folder."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise RolloutInputError("prompt must be a non-blank string")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise RolloutInputError(f"seed must be a non-negative integer, got {seed!r}")
+    out = Path(output_dir)
+    if out.exists() and not out.is_dir():
+        raise RolloutInputError(f"output path {out} exists and is not a folder")
+    return out
+
+
+def session_blocks(actions: list[Actions] | None, num_blocks: int | None) -> int:
+    """The blocks a rollout runs: the action script's, else --num-blocks, else the default; they must agree."""
+    if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1):
+        raise RolloutInputError(f"--num-blocks must be a positive integer, got {num_blocks!r}")
+    if actions is None:
+        return num_blocks if num_blocks is not None else DEFAULT_NUM_BLOCKS
+    if num_blocks is not None and num_blocks != len(actions):
+        raise RolloutInputError(
+            f"--num-blocks {num_blocks} disagrees with the action script, which has {len(actions)} blocks (give one or make them match)"
+        )
+    return len(actions)
+
+
 def prepare_rollout(
     model: str | os.PathLike,
     prompt: str,
@@ -143,18 +168,11 @@ def prepare_rollout(
     except CheckpointError as exc:
         raise RolloutInputError(_one_line(exc)) from None
 
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise RolloutInputError("prompt must be a non-blank string")
+    out = check_session_inputs(prompt, seed, output_dir)
     try:
         geometry.check_size(height, width)
     except ValueError as exc:
         raise RolloutInputError(_one_line(exc)) from None
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise RolloutInputError(f"seed must be a non-negative integer, got {seed!r}")
-
-    out = Path(output_dir)
-    if out.exists() and not out.is_dir():
-        raise RolloutInputError(f"output path {out} exists and is not a folder")
 
     try:
         traits = read_traits(model_dir)
@@ -175,17 +193,7 @@ def prepare_rollout(
         if not has_camera:
             raise RolloutInputError(f"model {model_dir} has no camera adapter: it takes no keyboard actions (drop --action-script)")
 
-    if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1):
-        raise RolloutInputError(f"--num-blocks must be a positive integer, got {num_blocks!r}")
-    if actions is not None:
-        if num_blocks is not None and num_blocks != len(actions):
-            raise RolloutInputError(
-                f"--num-blocks {num_blocks} disagrees with the action script, which has {len(actions)} blocks (give one or make them match)"
-            )
-        blocks = len(actions)
-    else:
-        blocks = num_blocks if num_blocks is not None else DEFAULT_NUM_BLOCKS
-
+    blocks = session_blocks(actions, num_blocks)
     if request_id is not None and (not isinstance(request_id, str) or not request_id.strip()):
         raise RolloutInputError("--request-id must be a non-blank string")
     device, dtype = _device_and_dtype(device, dtype)
