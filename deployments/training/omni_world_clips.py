@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from deployments.contract.events import Interaction
-from deployments.training.behaviour import rollout
+from deployments.training.behaviour import held, rollout
 from deployments.training.measures import colour_histogram, histogram_distance
 from deployments.training.omni_data import BIOME_ANSWERS, MOTIONS, Clip
 from deployments.training.world import BIOME_NAMES
@@ -47,6 +47,11 @@ PALETTE_BLOCKS = 3  # per reference session: one for each biome and motion
 PALETTE_MARGIN = 0.05
 
 
+def holding(key: str | None, blocks: int) -> list[list[Interaction]]:
+    """Each block's interactions for a session holding `key` from its first block (None: no key, no interaction)."""
+    return held((key,), blocks) if key else [[] for _ in range(blocks)]
+
+
 def world_clip(engine, seed: int) -> Clip:
     """One clip of the world model `engine`, the same for the same seed."""
     rng = np.random.default_rng([seed, 18, 1])
@@ -54,7 +59,7 @@ def world_clip(engine, seed: int) -> Clip:
     motion = str(rng.choice(list(MOTIONS)))
     blocks = int(rng.integers(MIN_BLOCKS, (MAX_PITCH_BLOCKS if motion in ("up", "down") else MAX_BLOCKS) + 1))
     key = MOTIONS[motion]
-    per_block = [[Interaction(event_id=f"keys-{b}", actions=((key,),) * 3)] if key else [] for b in range(blocks)]
+    per_block = holding(key, blocks)
     end = start
     if rng.random() < CHANGE:
         end = str(rng.choice([b for b in BIOME_NAMES if b != start]))
@@ -73,8 +78,7 @@ def biome_palettes(engine) -> dict[str, np.ndarray]:
     for b, biome in enumerate(BIOME_NAMES):
         last_blocks = []
         for m, key in enumerate(MOTIONS.values()):
-            per_block = [[Interaction(event_id=f"keys-{k}", actions=((key,),) * 3)] if key else [] for k in range(PALETTE_BLOCKS)]
-            last_blocks.append(rollout(engine, BIOME_ANSWERS[biome], per_block, seed=1000 * b + m)[-1][::STRIDE // 2])
+            last_blocks.append(rollout(engine, BIOME_ANSWERS[biome], holding(key, PALETTE_BLOCKS), seed=1000 * b + m)[-1][::STRIDE // 2])
         palettes[biome] = colour_histogram(np.concatenate(last_blocks), PALETTE_BINS)
     return palettes
 
