@@ -13,10 +13,13 @@ from pathlib import Path
 PROMPT = "a lighthouse on a cliff at dawn"
 
 
-def load_engine(model: Path):
+def load_engine(model: Path, video_decoder: str | None = None):
+    """The engine as a replica loads it by default (its `video_decoder` included: the built-in world model's
+    replica decodes with its trained tiny decoder, so a yardstick on the Wan VAE would run 4x slower)."""
+    from deployments.config import AppConfig
     from deployments.generation.engine import WorldModelEngine
 
-    return WorldModelEngine.from_pretrained(model)
+    return WorldModelEngine.from_pretrained(model, video_decoder=video_decoder or AppConfig.model_fields["video_decoder"].default)
 
 
 def session_config(size: tuple[int, int], seed: int, steps: int | None = None, prompt: str = PROMPT):

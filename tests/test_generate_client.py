@@ -230,6 +230,49 @@ def test_interactions_start_on_their_scripted_block(interactive: dict) -> None:
     assert sum(started is not None for _, started in starts.values()) >= len(starts) - 1, starts
 
 
+@pytest.mark.timeout(180)
+def test_an_action_script_plays_from_block_0_as_the_in_process_rollout_does(server: dict, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture) -> None:
+    """--action-script goes with session.start: every entry shapes its own block, block 0 included, so the served
+    video is the in-process rollout of the same script and seed (through the same encoder)."""
+    script = tmp_path / "actions.json"
+    script.write_text(json.dumps(ACTIONS))
+    mp4, summary_path = tmp_path / "scripted.mp4", tmp_path / "scripted.json"
+    code, _, err = _run_cli(["generate", "--url", server["url"], "--prompt", "a red room", "--action-script", str(script), "--seed", "1",
+                             "-o", str(mp4), "--summary", str(summary_path)], capsys)
+    assert code == 0, err
+    summary = json.loads(summary_path.read_text())
+    assert summary["blocks_expected"] == len(ACTIONS) and summary["interactions"] == [] and summary["queued_event_ids"] == []
+    media = [c for c in summary["chunks"] if c["kind"] == "media"]
+    assert "camera_action_script" in media[0]["started_event_ids"], media[0]
+
+    offline = tmp_path / "offline"
+    code, _, err = _run_cli(["rollout", "--model", str(server["model"]), "--prompt", "a red room", "--action-script", str(script), "--seed", "1",
+                             "--output-dir", str(offline)], capsys)
+    assert code == 0, err
+    from deployments.media.fmp4 import FragmentedMP4Encoder
+
+    encoder = FragmentedMP4Encoder(64, 64, 16)
+    stream = b"".join(encoder.encode(np.load(offline / f"chunk_{k:03d}.npy")).data for k in range(len(ACTIONS))) + encoder.close().data
+    reference = _decode_bytes(stream)
+    served = _decode(mp4)
+    assert served.shape == reference.shape == (frames_for_blocks(len(ACTIONS)), 64, 64, 3)
+    diff = np.abs(served.astype(np.int16) - reference.astype(np.int16)).reshape(len(served), -1).mean(axis=1)
+    assert diff.max() < 2.0, f"the served frames differ from the in-process rollout by up to {diff.max():.2f} on average"
+
+    # The same script played live (--actions): block 0 starts before its entry arrives, so the video is not the rollout.
+    live = tmp_path / "live.mp4"
+    code, _, err = _run_cli(["generate", "--url", server["url"], "--prompt", "a red room", "--actions", str(script), "--seed", "1", "-o", str(live)], capsys)
+    assert code == 0, err
+    assert np.abs(_decode(live).astype(np.int16) - reference.astype(np.int16)).mean() > diff.mean()
+
+
+def _decode_bytes(data: bytes) -> np.ndarray:
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
 # =====================================================================================
 # rtv rollout --url
 # =====================================================================================
@@ -298,6 +341,8 @@ def _bad_case(name: str, server: dict, tmp: pathlib.Path) -> tuple[list[str], st
     bad_script.write_text('[[["w"], ["q"], []]]')
     not_json = tmp / "not.json"
     not_json.write_text("[[")
+    good_script = tmp / "good.json"
+    good_script.write_text(json.dumps(ACTIONS))
     png = tmp / "start.png"
     from PIL import Image
 
@@ -310,6 +355,12 @@ def _bad_case(name: str, server: dict, tmp: pathlib.Path) -> tuple[list[str], st
         "missing-image": (gen + ["--url", url, "--image", str(tmp / "missing.png")], "image file"),
         "unknown-key": (gen + ["--url", url, "--actions", str(bad_script)], "unknown key 'q'"),
         "script-not-json": (gen + ["--url", url, "--actions", str(not_json)], "not valid JSON"),
+        "action-script-unknown-key": (gen + ["--url", url, "--action-script", str(bad_script)], "unknown key 'q'"),
+        "action-script-and-actions": (gen + ["--url", url, "--action-script", str(not_json), "--actions", str(not_json)], "not allowed with argument"),
+        "action-script-extra-params": (gen + ["--url", url, "--action-script", str(good_script), "--param", "extra_params=5"],
+                                       "--param extra_params must be a JSON object"),
+        "action-script-given-twice": (gen + ["--url", url, "--action-script", str(good_script), "--param",
+                                             'extra_params={"camera_action_script": []}'], "give the action script once"),
         "interact-syntax": (gen + ["--url", url, "--interact", "three:snow"], "BLOCK:PROMPT"),
         "interact-blank": (gen + ["--url", url, "--interact", "2:  "], "blank"),
         "interact-past-end": (gen + ["--url", url, "--blocks", "2", "--interact", "5:snow"], "past the last block"),
@@ -327,7 +378,8 @@ def _bad_case(name: str, server: dict, tmp: pathlib.Path) -> tuple[list[str], st
 
 
 BAD_CASES = [
-    "missing-image", "unknown-key", "script-not-json", "interact-syntax", "interact-blank", "interact-past-end",
+    "missing-image", "unknown-key", "script-not-json", "action-script-unknown-key", "action-script-and-actions",
+    "action-script-extra-params", "action-script-given-twice", "interact-syntax", "interact-blank", "interact-past-end",
     "unreachable", "no-scheme", "server-refuses-size", "server-refuses-image",
     "rollout-unreachable", "rollout-bad-script", "rollout-no-model-no-url", "rollout-url-tensor-parallel",
 ]

@@ -38,18 +38,16 @@ def url(serve_address, tmp_path_factory) -> str:
         yield f"ws://{serve_address}{PREFIX}"
 
 
-# The world model's lava drifts down the frame while the camera turns (the renderer's does not): over this short
-# video the thinker reads that drift as "forward" (tests/test_omni.py asks the longer rollout, where it says "left").
 @pytest.mark.parametrize(("prompt", "key", "biome", "turn"), [("a snowy field", "l", "snow", "right"), ("a snowy field", "j", "snow", "left"),
-                                                              ("a lava field", "j", "lava", None)])
-def test_a_video_the_world_model_made_is_named_by_the_thinker(url, tmp_path, capsys, prompt: str, key: str, biome: str, turn: str | None) -> None:
-    actions = tmp_path / "hold.json"
-    actions.write_text(json.dumps([[[key]] * 3] * 4))  # hold the key through 4 blocks, as the README's example does
+                                                              ("a lava field", "j", "lava", "left")])
+def test_a_video_the_world_model_made_is_named_by_the_thinker(url, tmp_path, capsys, prompt: str, key: str, biome: str, turn: str) -> None:
+    script = tmp_path / "hold.json"
+    script.write_text(json.dumps([[[key]] * 3] * 4))  # hold the key through 4 blocks from the first frame, as the README's example does
     video = tmp_path / "walk.mp4"
-    assert cli.main(["generate", "--url", f"{url}/v1/realtime/video", "--prompt", prompt, "--actions", str(actions), "--seed", "0", "-o", str(video)]) == 0
+    assert cli.main(["generate", "--url", f"{url}/v1/realtime/video", "--prompt", prompt, "--action-script", str(script), "--seed", "0", "-o", str(video)]) == 0
     capsys.readouterr()
     # Which way: with the frame filter off; at its default it drops a slow turn's frames as alike and the answer is "still".
-    asked = [("Where are we?", BIOME_ANSWERS[biome], [])] + ([("Which way is the camera turning?", turn, ["--no-evs"])] if turn else [])
+    asked = [("Where are we?", BIOME_ANSWERS[biome], []), ("Which way is the camera turning?", turn, ["--no-evs"])]
     for query, expected, extra in asked:
         assert cli.main(["chat", "--url", f"{url}/v1/video/chat/stream", "--video", str(video), "--fps", "2", "--query", query, *extra]) == 0
         out, err = capsys.readouterr()

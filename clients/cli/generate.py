@@ -132,6 +132,16 @@ def build_schedule(actions: list | None, interacts: list[Interact], transition_c
     return out
 
 
+def with_action_script(extra_params: object, actions: list) -> dict:
+    """`extra_params` with the script as `camera_action_script`: the server plays it from block 0, in step with
+    the blocks, where live interactions can only shape the blocks that start after they arrive."""
+    if not isinstance(extra_params, dict):
+        raise GenerateInputError("--param extra_params must be a JSON object to go with --action-script")
+    if "camera_action_script" in extra_params:
+        raise GenerateInputError("give the action script once: --action-script or --param extra_params's camera_action_script")
+    return {**extra_params, "camera_action_script": [[list(frame) for frame in block] for block in actions]}
+
+
 @dataclass
 class GeneratePlan:
     url: str
@@ -187,9 +197,10 @@ def prepare_generate(args: argparse.Namespace) -> GeneratePlan:
     image_url = load_image_url(args.image) if args.image else None
 
     actions = None
-    if args.actions is not None:
+    script_path = args.actions if args.actions is not None else args.action_script
+    if script_path is not None:
         try:
-            actions = load_action_script(args.actions, FRAMES_PER_BLOCK)
+            actions = load_action_script(script_path, FRAMES_PER_BLOCK)
         except RolloutInputError as exc:
             raise GenerateInputError(str(exc)) from None
 
@@ -217,6 +228,8 @@ def prepare_generate(args: argparse.Namespace) -> GeneratePlan:
     extra = dict(args.param or [])
     if "type" in extra:
         raise GenerateInputError("--param cannot set 'type'")
+    if args.action_script is not None:
+        extra["extra_params"] = with_action_script(extra.get("extra_params", {}), actions)
     try:
         start = session_start_message(
             args.prompt,
@@ -227,7 +240,7 @@ def prepare_generate(args: argparse.Namespace) -> GeneratePlan:
             height=args.height,
             extra=extra,
         )
-        schedule = build_schedule(actions, interacts, args.transition_chunks)
+        schedule = build_schedule(actions if args.action_script is None else None, interacts, args.transition_chunks)
     except ClientInputError as exc:
         raise GenerateInputError(str(exc)) from None
     return GeneratePlan(
@@ -238,7 +251,7 @@ def prepare_generate(args: argparse.Namespace) -> GeneratePlan:
         summary=summary,
         schedule=schedule,
         open_timeout=args.timeout,
-        action_script=Path(args.actions) if args.actions else None,
+        action_script=Path(script_path) if script_path else None,
         image=Path(args.image) if args.image else None,
     )
 
@@ -540,11 +553,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, metavar="ws://HOST:PORT", help="the server (the /v1/realtime/video path is added when missing)")
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="text prompt of the session")
     parser.add_argument("--image", metavar="PNG", help="start image (PNG or JPEG; other formats Pillow reads are sent as PNG) for image-to-video models")
-    parser.add_argument(
+    script = parser.add_mutually_exclusive_group()
+    script.add_argument(
         "--actions",
         metavar="JSON",
-        help="keyboard action script, the `rtv rollout --action-script` format: block k's entry is sent as interaction "
-        "actions-kkk early enough to shape block k (see the note below); sets --blocks when not given",
+        help="keyboard action script, the `rtv rollout --action-script` format, played live: block k's entry is sent as "
+        "interaction actions-kkk early enough to shape block k (see the note below); sets --blocks when not given",
+    )
+    script.add_argument(
+        "--action-script",
+        metavar="JSON",
+        help="the same script sent with session.start (extra_params.camera_action_script): it plays from block 0, "
+        "each entry on its block exactly; sets --blocks when not given",
     )
     parser.add_argument(
         "--interact",
@@ -571,11 +591,14 @@ Examples:
   rtv generate --url ws://127.0.0.1:8000 --prompt "a red room" --blocks 3 -o room.mp4
   rtv generate --url ws://127.0.0.1:8000 --prompt "a red room" --actions actions.json \\
       --interact 3:"a snowy forest" -o walk.mp4 --summary walk.json
+  rtv generate --url ws://127.0.0.1:8000 --prompt "a snowy field" --action-script hold-l.json -o snow.mp4
 
 Progress goes to stderr (in place on a terminal, one line per block otherwise).
 The server starts block k+d before it sends chunk k (d = the pipeline_depth in
 video.start), so the interaction for block k leaves once chunk k-1-d is in; the
-summary's `interactions` list each one's started_block.
+summary's `interactions` list each one's started_block. Block 0 starts as the
+server takes the session, so --actions' first entry may land a block late;
+--action-script plays every entry on its own block, from the first frame.
 Exit codes: 0 done; 1 the session failed (server error, connection lost); 2 bad input; 130 interrupted.
 """
 
