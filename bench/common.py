@@ -11,6 +11,7 @@ and its targets are ratios or differences of those.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -192,7 +193,11 @@ def emit(result: dict, out: str | None) -> None:
 
 def main(module: ModuleType, argv: Sequence[str] | None = None) -> int:
     args = parser_for(module).parse_args(argv)
-    emit(run_module(module, argv), args.out)
+    # Ray's driver prints its workers' task failures at teardown to sys.stdout: while the bench runs,
+    # whatever anyone prints goes to stderr, so stdout carries the JSON alone.
+    with contextlib.redirect_stdout(sys.stderr):
+        result = run_module(module, argv)
+    emit(result, args.out)
     return 0
 
 
