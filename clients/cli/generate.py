@@ -118,11 +118,16 @@ class Scheduled:
     message: dict
 
 
+def keys_json(block) -> list[list[str]]:
+    """One block of a parsed action script as JSON lists, one per latent frame, as the wire carries it."""
+    return [list(frame) for frame in block]
+
+
 def build_schedule(actions: list | None, interacts: list[Interact], transition_chunks: int | None) -> list[Scheduled]:
     out: list[Scheduled] = []
     for k, block in enumerate(actions or []):
         event_id = f"actions-{k:03d}"
-        message = interaction_message(event_id=event_id, actions=[list(frame) for frame in block])
+        message = interaction_message(event_id=event_id, actions=keys_json(block))
         out.append(Scheduled(k, event_id, "actions", message))
     for item in interacts:
         event_id = f"prompt-{item.block:03d}"
@@ -139,7 +144,7 @@ def with_action_script(extra_params: object, actions: list) -> dict:
         raise GenerateInputError("--param extra_params must be a JSON object to go with --action-script")
     if "camera_action_script" in extra_params:
         raise GenerateInputError("give the action script once: --action-script or --param extra_params's camera_action_script")
-    return {**extra_params, "camera_action_script": [[list(frame) for frame in block] for block in actions]}
+    return {**extra_params, "camera_action_script": [keys_json(block) for block in actions]}
 
 
 @dataclass
@@ -240,7 +245,8 @@ def prepare_generate(args: argparse.Namespace) -> GeneratePlan:
             height=args.height,
             extra=extra,
         )
-        schedule = build_schedule(actions if args.action_script is None else None, interacts, args.transition_chunks)
+        live = actions if args.actions is not None else None  # an --action-script left with session.start
+        schedule = build_schedule(live, interacts, args.transition_chunks)
     except ClientInputError as exc:
         raise GenerateInputError(str(exc)) from None
     return GeneratePlan(
