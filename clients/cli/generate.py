@@ -118,16 +118,11 @@ class Scheduled:
     message: dict
 
 
-def keys_json(block) -> list[list[str]]:
-    """One block of a parsed action script as JSON lists, one per latent frame, as the wire carries it."""
-    return [list(frame) for frame in block]
-
-
 def build_schedule(actions: list | None, interacts: list[Interact], transition_chunks: int | None) -> list[Scheduled]:
     out: list[Scheduled] = []
     for k, block in enumerate(actions or []):
         event_id = f"actions-{k:03d}"
-        message = interaction_message(event_id=event_id, actions=keys_json(block))
+        message = interaction_message(event_id=event_id, actions=block)  # it writes the key tuples as JSON lists
         out.append(Scheduled(k, event_id, "actions", message))
     for item in interacts:
         event_id = f"prompt-{item.block:03d}"
@@ -144,7 +139,7 @@ def with_action_script(extra_params: object, actions: list) -> dict:
         raise GenerateInputError("--param extra_params must be a JSON object to go with --action-script")
     if "camera_action_script" in extra_params:
         raise GenerateInputError("give the action script once: --action-script or --param extra_params's camera_action_script")
-    return {**extra_params, "camera_action_script": [keys_json(block) for block in actions]}
+    return {**extra_params, "camera_action_script": [[list(frame) for frame in block] for block in actions]}
 
 
 @dataclass
