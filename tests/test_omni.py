@@ -157,6 +157,101 @@ def test_short_examples_ask_the_place_or_the_tone_of_one_to_three_frames(short_s
         assert set().union(*lengths.values()) == {8}, lengths
 
 
+def _two_examples_gradients(rank: int, procs: int, rendezvous: str, out: str) -> None:
+    """A training step's gradients on two examples, one with a tone and one without: both in one process
+    (`procs` 1), or one on each of two ranks summed by `sum_gradients` (`procs` 2); saved to `out`."""
+    import torch.distributed as dist
+
+    from deployments.models.builtin_omni_model import BUILTIN_OMNI_SPEC
+    from deployments.models.tiny_vlm import build_vlm
+    from deployments.training.omni_training import example, sum_gradients
+    from deployments.understanding.engine import UnderstandingEngine
+
+    torch.set_num_threads(1)
+    model, processor = build_vlm(BUILTIN_OMNI_SPEC, 0)
+    engine = UnderstandingEngine(model, processor, model_type="qwen2_5_omni_thinker", model_name="omni")
+    clips = [render_clip(seed, frames=4) for seed in (3, 4)]
+    sounds = [tone("high", "beeping", clips[0].seconds, np.random.default_rng(0)), None]
+    mine = [0, 1] if procs == 1 else [rank]
+    total = 0.0
+    for index in mine:
+        inputs, labels = example(engine, clips[index].frames, sounds[index], "What do you hear?", "a forest")
+        loss = model(**inputs, labels=labels).loss / 2
+        loss.backward()
+        total += loss.item()
+    local = [name for name, p in model.named_parameters() if p.grad is not None]
+    if procs > 1:
+        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=procs)
+        total = sum_gradients(model, total)
+        dist.destroy_process_group()
+    torch.save({"loss": total, "local": local, "grads": {name: p.grad for name, p in model.named_parameters()}}, f"{out}.{rank}")
+
+
+@pytest.mark.timeout(300)
+def test_two_training_processes_take_the_step_one_process_takes(tmp_path) -> None:
+    import multiprocessing
+
+    _two_examples_gradients(0, 1, "", str(tmp_path / "one"))
+    context = multiprocessing.get_context("spawn")
+    ranks = [context.Process(target=_two_examples_gradients, args=(r, 2, str(tmp_path / "rendezvous"), str(tmp_path / "two"))) for r in range(2)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(240)
+        assert process.exitcode == 0
+    one = torch.load(tmp_path / "one.0")
+    for rank in range(2):
+        two = torch.load(tmp_path / f"two.{rank}")
+        assert two["loss"] == pytest.approx(one["loss"], rel=1e-6)
+        reached = {name for name, grad in one["grads"].items() if grad is not None}
+        assert {name for name, grad in two["grads"].items() if grad is not None} == reached
+        # The audio tower is reached by rank 0's example only, and rank 1 takes its gradients all the same.
+        assert any("audio_tower" in name for name in reached)
+        assert any("audio_tower" in name for name in two["local"]) == (rank == 0)
+        for name in reached:
+            torch.testing.assert_close(two["grads"][name], one["grads"][name], rtol=1e-5, atol=1e-7)
+
+
+def test_the_recipe_runs_its_phases_in_order_each_from_its_first_step() -> None:
+    from deployments.training.omni_training import OmniTraining, Phase
+
+    config = OmniTraining(phases=(Phase(5, 1e-3), Phase(2, 3e-4), Phase(3, 2e-4)))
+    assert config.steps == 10
+    assert [config.phase_at(step)[1] for step in range(10)] == [0] * 5 + [5] * 2 + [7] * 3
+    assert config.phase_at(6)[0].lr == 3e-4
+    with pytest.raises(ValueError, match="past the last phase"):
+        config.phase_at(10)
+
+
+@pytest.mark.timeout(300)
+def test_a_run_stopped_where_a_phase_ends_and_resumed_trains_what_one_that_never_stopped_does(tmp_path) -> None:
+    from dataclasses import replace
+
+    from deployments.training.omni_training import OmniTraining, Phase, train_omni
+
+    phases = (Phase(2, 1e-3), Phase(2, 3e-4, (0.0, 0.0, 1.0, 1.0, 0.0)))
+    smoke = replace(OmniTraining().smoke(), eval_every=100)
+    straight, _, _ = train_omni(tmp_path / "straight", replace(smoke, phases=phases), log=lambda record: None)
+    train_omni(tmp_path / "stopped", replace(smoke, phases=phases[:1]), log=lambda record: None)
+    resumed, _, _ = train_omni(tmp_path / "stopped", replace(smoke, phases=phases), log=lambda record: None)
+    first, _, _ = train_omni(tmp_path / "first", replace(smoke, phases=phases[:1]), log=lambda record: None)
+    for name, value in straight.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], value), name
+    assert any(not torch.equal(first.state_dict()[name], value) for name, value in straight.state_dict().items())
+
+
+@pytest.mark.timeout(300)
+def test_world_model_clips_made_by_two_workers_are_the_ones_one_makes() -> None:
+    from deployments.training.omni_world_clips import made_world_clips
+    from deployments.training.world import BIOME_NAMES
+
+    palettes = {biome: np.full(216, 1 / 216) for biome in BIOME_NAMES}  # labels only switched clips, alike in both
+    seeds = [5, 6, 7]
+    one, two = made_world_clips(seeds, palettes, workers=1), made_world_clips(seeds, palettes, workers=2)
+    assert [(c.start_biome, c.biome, c.motion) for c in one] == [(c.start_biome, c.biome, c.motion) for c in two]
+    assert all(np.array_equal(a.frames, b.frames) for a, b in zip(one, two))
+
+
 @pytest.mark.timeout(300)
 def test_train_omni_smoke_writes_weights_that_install_and_answer(tmp_path) -> None:
     from clients.cli import main

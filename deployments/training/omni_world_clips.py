@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from deployments.training.omni_data import BIOME_ANSWERS, MOTIONS, Clip
 from deployments.training.world import BIOME_NAMES
 
 STRIDE = 8  # 16 frames/s to the chat path's 2
+MADE_PER_TASK = 50  # clips a worker makes per task (loading the world model takes a few seconds)
 MIN_BLOCKS, MAX_BLOCKS = 3, 8  # 33-93 frames: 4 to 12 sampled
 MAX_PITCH_BLOCKS = 4  # up and down: 12 latent frames of 3 degrees stay inside the player's 40 degrees
 CHANGE = 0.3  # share of clips with a prompt switch
@@ -114,3 +116,23 @@ def shipped_world_model() -> Iterator:
 def world_clips(engine, seeds: list[int], palettes: dict[str, np.ndarray]) -> list[Clip]:
     """Clips of `seeds`, in order, labelled as shown (`as_shown`)."""
     return [as_shown(world_clip(engine, seed), palettes) for seed in seeds]
+
+
+def _made_in_worker(seeds: list[int], palettes: dict[str, np.ndarray]) -> list[Clip]:
+    import torch
+
+    torch.set_num_threads(1)  # a worker per core: the same frames as with more threads, bit for bit
+    with shipped_world_model() as engine:
+        return world_clips(engine, seeds, palettes)
+
+
+def made_world_clips(seeds: list[int], palettes: dict[str, np.ndarray], workers: int) -> list[Clip]:
+    """`world_clips` of the shipped world model, made by `workers` processes (the same clips as by one)."""
+    if workers <= 1:
+        with shipped_world_model() as engine:
+            return world_clips(engine, seeds, palettes)
+    import multiprocessing
+
+    tasks = [seeds[i : i + MADE_PER_TASK] for i in range(0, len(seeds), MADE_PER_TASK)]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return [clip for made in pool.map(_made_in_worker, tasks, [palettes] * len(tasks)) for clip in made]
