@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out", metavar="OUT", nargs="?", default=DEFAULT_OUT, help=f"folder for the trained weights (default: {DEFAULT_OUT})")
     parser.add_argument("--work", default="out/train-omni", help="folder for clips, checkpoints and train.log (default: out/train-omni)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of training (default: 0)")
-    parser.add_argument("--steps", type=int, help="optimizer steps of one phase, in place of the recipe's three (default: 3500 with --lr or --kind-weights)")
+    parser.add_argument("--steps", type=int, help="optimizer steps of one phase, in place of the recipe's five (default: 3500 with --lr or --kind-weights)")
     parser.add_argument("--lr", type=float, help="peak learning rate of that one phase (default: 0.001)")
     parser.add_argument("--clips", type=int, help="clips to render and train on (default: 1600)")
     parser.add_argument("--eval-clips", type=int, help="held-out clips each evaluation asks every question about (default: 60)")
