@@ -140,13 +140,13 @@ def test_a_training_example_is_the_served_prompt_with_the_answer_as_its_only_lab
 @pytest.mark.parametrize("short_share", [0.0, 1.0])
 def test_short_examples_ask_the_place_or_the_tone_of_one_to_three_frames(short_share: float) -> None:
     from deployments.training.omni_data import KINDS, QUESTIONS
-    from deployments.training.omni_training import OmniTraining, draw_example
+    from deployments.training.omni_training import OmniTraining, Phase, draw_example
 
     clips = [render_clip(seed, frames=8, change=0.0) for seed in range(3)]
     rng = np.random.default_rng(0)
     lengths: dict[str, set[int]] = {}
     for _ in range(80):
-        frames, sound, text, _ = draw_example(rng, clips, [], OmniTraining(short_share=short_share), np.ones(len(KINDS)) / len(KINDS))
+        frames, sound, text, _ = draw_example(rng, clips, [], OmniTraining(short_share=short_share), Phase(1, kind_weights=(1.0,) * len(KINDS)))
         kind = next(k for k, phrasings in QUESTIONS.items() if text in phrasings)
         lengths.setdefault(kind, set()).add(len(frames))
         if sound.audio is not None:  # the microphone over the frames' seconds
@@ -155,6 +155,22 @@ def test_short_examples_ask_the_place_or_the_tone_of_one_to_three_frames(short_s
         assert lengths["biome"] | lengths["tone"] == {1, 2, 3} and lengths["motion"] == lengths["change"] == {8}, lengths
     else:
         assert set().union(*lengths.values()) == {8}, lengths
+
+
+def test_a_phase_that_sets_its_world_share_draws_the_world_models_clips_that_often() -> None:
+    from deployments.training.omni_training import OmniTraining, Phase, draw_example
+
+    rendered = [render_clip(seed, frames=4, change=0.0) for seed in range(2)]
+    made = [render_clip(seed, frames=6, change=0.0) for seed in range(2, 4)]  # told apart by their length
+    config = OmniTraining(world_share=0.5)
+
+    def world_share(phase: Phase) -> float:
+        rng = np.random.default_rng(0)
+        return float(np.mean([len(draw_example(rng, rendered, made, config, phase)[0]) == 6 for _ in range(200)]))
+
+    assert world_share(Phase(1, kind_weights=(0.0, 1.0, 0.0, 0.0, 0.0), world_share=0.0)) == 0.0
+    assert world_share(Phase(1, kind_weights=(0.0, 1.0, 0.0, 0.0, 0.0), world_share=1.0)) == 1.0
+    assert 0.35 < world_share(Phase(1, kind_weights=(0.0, 1.0, 0.0, 0.0, 0.0))) < 0.65  # the run's share
 
 
 def _two_examples_gradients(rank: int, procs: int, rendezvous: str, out: str) -> None:
@@ -221,23 +237,33 @@ def test_the_recipe_runs_its_phases_in_order_each_from_its_first_step() -> None:
     assert config.phase_at(6)[0].lr == 3e-4
     with pytest.raises(ValueError, match="past the last phase"):
         config.phase_at(10)
+    assert [config.first_step(phase) for phase in range(3)] == [0, 5, 7]
+    with pytest.raises(ValueError, match="motion_sensor_phase 3 names none of the 3 phases"):
+        OmniTraining(phases=config.phases, motion_sensor_phase=3)
 
 
 @pytest.mark.timeout(300)
 def test_a_run_stopped_where_a_phase_ends_and_resumed_trains_what_one_that_never_stopped_does(tmp_path) -> None:
     from dataclasses import replace
 
+    from deployments.training.omni_motion import has_motion_sensor
     from deployments.training.omni_training import OmniTraining, Phase, train_omni
 
     phases = (Phase(2, 1e-3), Phase(2, 3e-4, (0.0, 0.0, 1.0, 1.0, 0.0)))
     smoke = replace(OmniTraining().smoke(), eval_every=100)
-    straight, _, _ = train_omni(tmp_path / "straight", replace(smoke, phases=phases), log=lambda record: None)
+    # The sensor is set where the second phase begins, as the recipe sets it; the first phase trains without it.
+    both = replace(smoke, phases=phases, motion_sensor=True, motion_sensor_phase=1)
+    logged: list[dict] = []
+    straight, _, _ = train_omni(tmp_path / "straight", both, log=logged.append)
     train_omni(tmp_path / "stopped", replace(smoke, phases=phases[:1]), log=lambda record: None)
-    resumed, _, _ = train_omni(tmp_path / "stopped", replace(smoke, phases=phases), log=lambda record: None)
+    resumed, _, _ = train_omni(tmp_path / "stopped", both, log=lambda record: None)
     first, _, _ = train_omni(tmp_path / "first", replace(smoke, phases=phases[:1]), log=lambda record: None)
     for name, value in straight.state_dict().items():
         assert torch.equal(resumed.state_dict()[name], value), name
     assert any(not torch.equal(first.state_dict()[name], value) for name, value in straight.state_dict().items())
+    assert has_motion_sensor(straight) and not has_motion_sensor(first)
+    stages = [(record["stage"], record.get("step")) for record in logged if "eval" not in record]
+    assert stages.index(("motion_sensor", None)) == stages.index(("omni", 1)) + 1  # after the first phase's last step
 
 
 @pytest.mark.timeout(300)

@@ -10,7 +10,7 @@ EPILOG = """\
 Clips are rendered once into WORK/clips.pt; WORK/checkpoint.pt lets a stopped
 run resume; WORK/train.log has the losses and the held-out accuracy per
 question kind (biome, motion, tone, change, count), which OUT/eval.json keeps with
-the weights. By default it runs the five phases of RECIPE
+the weights. By default it runs the six phases of RECIPE
 (deployments/training/omni_training.py) in two training processes;
 --steps, --lr or --kind-weights run one phase instead. --smoke runs a few
 steps on a few clips (what CI checks).
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out", metavar="OUT", nargs="?", default=DEFAULT_OUT, help=f"folder for the trained weights (default: {DEFAULT_OUT})")
     parser.add_argument("--work", default="out/train-omni", help="folder for clips, checkpoints and train.log (default: out/train-omni)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of training (default: 0)")
-    parser.add_argument("--steps", type=int, help="optimizer steps of one phase, in place of the recipe's five (default: 3500 with --lr or --kind-weights)")
+    parser.add_argument("--steps", type=int, help="optimizer steps of one phase, in place of the recipe's six (default: 3500 with --lr or --kind-weights)")
     parser.add_argument("--lr", type=float, help="peak learning rate of that one phase (default: 0.001)")
     parser.add_argument("--clips", type=int, help="clips to render and train on (default: 1600)")
     parser.add_argument("--eval-clips", type=int, help="held-out clips each evaluation asks every question about (default: 60)")
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-clips", type=int, metavar="N",
                         help="also train on N clips the built-in world model makes (WORK/world_clips.pt, grown when a later run asks for more), and report the held-out "
                              "accuracy on its clips (default: 1000; 0: the renderer's clips only)")
-    parser.add_argument("--world-share", type=float, help="share of the examples drawn from the world model's clips (default: 0.45)")
+    parser.add_argument("--world-share", type=float, help="share of the examples drawn from the world model's clips, in the phases that do not set their own (default: 0.45)")
     parser.add_argument("--world-change-weight", type=int, metavar="N",
                         help="draw a world-model clip with a prompt switch N times as often as one holding its prompt (default: 3)")
     parser.add_argument("--short-share", type=float,
@@ -87,7 +87,8 @@ def main(args: argparse.Namespace) -> int:
             return 2
     if args.smoke or (args.steps, args.lr, args.kind_weights) != (None, None, None):
         one = config.phases[0] if args.smoke else Phase(3500)
-        config = replace(config, phases=(Phase(args.steps or one.steps, args.lr or one.lr, tuple(args.kind_weights or one.kind_weights)),))
+        config = replace(config, phases=(Phase(args.steps or one.steps, args.lr or one.lr, tuple(args.kind_weights or one.kind_weights)),),
+                         motion_sensor_phase=0)
     if args.motion_sensor is not None:
         config = replace(config, motion_sensor=args.motion_sensor)
     if args.init_from is not None and not weights_available(args.init_from):
