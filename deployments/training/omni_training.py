@@ -51,10 +51,10 @@ class Phase:
 
 # What `rtv train-omni` runs by default, in the order the shipped weights' chain of runs learned (the weights
 # README has both): the place and the tone first, on the renderer's clips, without the motion sensor; then the
-# sensor set in and the motion asked most; then the world model's clips mixed in, the place asked most and the tone again; then
-# "what changed" alone (mixed in from the start, it stays at its prior), and everything again, twice, at
-# falling rates. The sensor set into random weights at the first step left turns near the prior (0.58 after
-# 15,100 steps); set here, turns reach 0.90, but the tone is heard only 0.88 of the time, so the shipped
+# sensor set in and the motion asked most; then the world model's clips mixed in, the place asked most and the
+# tone again; then "what changed" alone (mixed in from the start, it stays at its prior), and everything again,
+# twice, at falling rates. The sensor set into random weights at the first step left turns near the prior (0.58
+# after 15,100 steps); set here, turns reach 0.90, but the tone is heard only 0.88 of the time, so the shipped
 # weights still come from the chain.
 RECIPE = (
     Phase(5000, 1e-3, (2.0, 2.0, 1.0, 1.0, 0.5), world_share=0.0),
